@@ -1,0 +1,81 @@
+"""Shared test helpers: markers, random inputs, the float64 reference and the error rule.
+
+Error rule (flash-attention's): a kernel's max abs error against the float64 reference may be at
+most 2× the naive backend's error at the same dtype, plus a small per-dtype floor so that exact
+ties at tiny errors do not fail.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+ERROR_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4, torch.float64: 1e-12}
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run `pytest -m gpu` on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def make_qkv(B, H, N, d, dtype=torch.float32, device="cpu", scale=1.0, requires_grad=True, seed=None):
+    """Fresh random ``(B, H, N, d)`` q, k, v (never zeros or constants); optionally seeded."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+    out = []
+    for _ in range(3):
+        t = (torch.randn(B, H, N, d, generator=gen) * scale).to(device=device, dtype=dtype)
+        out.append(t.requires_grad_(requires_grad))
+    return out
+
+
+def reference_attention(q, k, v, softmax_scale=None):
+    """float64 ``softmax(q kᵀ · scale) v``; inputs are upcast, the result stays float64."""
+    q, k, v = (t.detach().double().requires_grad_(t.requires_grad) for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    p = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
+    return p @ v, (q, k, v)
+
+
+def forward_backward(fn, q, k, v, do, softmax_scale=None):
+    """Run ``fn`` forward and backward with upstream grad ``do``; returns (out, dq, dk, dv)."""
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v, softmax_scale=softmax_scale)
+    out.backward(do.to(out.dtype))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def max_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check_against_reference(fn, q, k, v, softmax_scale=None, baseline=None):
+    """Compare ``fn``'s forward and dq, dk, dv with float64; bound = 2× ``baseline``'s error + floor.
+
+    ``baseline`` defaults to the naive backend at the same dtype and device. Returns the dict of
+    errors; raises AssertionError naming the worst tensor otherwise.
+    """
+    from kernels.naive import attention as naive
+
+    baseline = baseline or naive
+    ref_out, (rq, rk, rv) = reference_attention(q, k, v, softmax_scale)
+    do = torch.randn_like(ref_out)
+    ref_out.backward(do)
+    refs = (ref_out.detach(), rq.grad, rk.grad, rv.grad)
+    got = forward_backward(fn, q, k, v, do, softmax_scale)
+    base = forward_backward(baseline, q, k, v, do, softmax_scale)
+    floor = ERROR_FLOOR[q.dtype]
+    report = {}
+    for name, r, g, b in zip(("out", "dq", "dk", "dv"), refs, got, base):
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        err, base_err = max_err(g, r), max_err(b, r)
+        report[name] = (err, base_err)
+        assert err <= 2 * base_err + floor, (
+            f"{name}: max error {err:.3e} > 2 × baseline error {base_err:.3e} + floor {floor:.0e} "
+            f"(shape {tuple(q.shape)}, dtype {q.dtype})"
+        )
+    return report

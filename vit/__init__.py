@@ -1,0 +1,1 @@
+"""Vision Transformer model, data, training engine, checkpoints and logging."""

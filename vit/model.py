@@ -1,0 +1,181 @@
+"""Vision Transformer (Dosovitskiy et al., 2021, "An Image is Worth 16x16 Words", eqs. 1-4).
+
+An image (B, C, S, S) is cut into (S/P)² patches of P×P pixels, each projected to embed_dim by a
+strided convolution; a class token is prepended and a learned position embedding added, giving
+x ∈ R^(B×N×D) with N = (S/P)² + 1. Each of `depth` pre-norm blocks applies multi-head
+self-attention then an MLP, each with a residual. The class token's final state feeds a linear head.
+
+Parameter names and layout match timm's `VisionTransformer` (global_pool='token', no layer scale,
+no qk-norm), so a timm state dict loads with strict=True. The model knows nothing of kernels beyond
+`kernels.get_attention(name)`: the attention backend is a callable on the `(B, H, N, d)` contract.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from timm.layers import DropPath, trunc_normal_
+
+from kernels import get_attention
+
+# Named sizes: timm's Ti/S/B/L (width, depth, heads); debug is small enough for CPU training.
+SIZES: dict[str, dict[str, int]] = {
+    "debug": dict(embed_dim=96, depth=4, num_heads=3),
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+
+
+class PatchEmbed(nn.Module):
+    """(B, C, S, S) image -> (B, (S/P)², D) patch tokens through a P×P stride-P convolution."""
+
+    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        if img_size % patch_size != 0:
+            raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}; "
+                             f"choose an img_size that is a multiple of {patch_size}")
+        self.img_size, self.patch_size = img_size, patch_size
+        self.num_patches = (img_size // patch_size) ** 2
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, S1, S2 = x.shape
+        if S1 != self.img_size or S2 != self.img_size:
+            raise ValueError(f"input images are {S1}×{S2}, the model was built for {self.img_size}×{self.img_size}; "
+                             f"set data.img_size={self.img_size} or model.img_size={S1}")
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection; the product itself is the backend's."""
+
+    def __init__(self, embed_dim: int, num_heads: int, attention: str = "naive"):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.qkv = nn.Linear(embed_dim, embed_dim * 3)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.set_attention(attention)
+
+    def set_attention(self, name: str) -> None:
+        self.backend = name
+        self.attn_fn = get_attention(name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, D = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
+        q, k, v = qkv.unbind(0)  # each (B, H, N, d), strided views
+        x = self.attn_fn(q, k, v)  # (B, H, N, d)
+        x = x.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
+        return self.proj(x)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, backend={self.backend!r}"
+
+
+class Mlp(nn.Module):
+    """Linear -> GELU -> Linear, hidden width mlp_ratio × embed_dim."""
+
+    def __init__(self, embed_dim: int, hidden_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, hidden_dim)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)), with drop-path."""
+
+    def __init__(self, embed_dim: int, num_heads: int, mlp_ratio: float, drop_path: float, attention: str):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.attn = Attention(embed_dim, num_heads, attention)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.mlp = Mlp(embed_dim, int(embed_dim * mlp_ratio))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier: (B, in_chans, img_size, img_size) float images -> (B, num_classes) logits.
+
+    Args:
+        img_size, patch_size: pixels; img_size must be a multiple of patch_size.
+        in_chans: image channels (3 for RGB).
+        num_classes: size of the head's output.
+        embed_dim, depth, num_heads: width D, number of blocks, heads H (head_dim = D / H).
+        mlp_ratio: MLP hidden width over D.
+        drop_rate: dropout after the position embedding and before the head.
+        drop_path_rate: stochastic depth, linearly increasing over blocks to this value.
+        attention: backend name from `kernels.available_backends()`.
+
+    Raises:
+        ValueError: img_size not divisible by patch_size, embed_dim not divisible by num_heads,
+            or an unknown attention backend.
+    """
+
+    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
+                 embed_dim: int = 768, depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0,
+                 drop_rate: float = 0.0, drop_path_rate: float = 0.0, attention: str = "naive"):
+        super().__init__()
+        self.num_classes, self.embed_dim = num_classes, embed_dim
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, dpr[i], attention) for i in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def set_attention(self, name: str) -> None:
+        """Swap every block's attention backend (weights are untouched)."""
+        for block in self.blocks:
+            block.attn.set_attention(name)
+
+    @property
+    def seq_len(self) -> int:
+        return self.pos_embed.shape[1]
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, N-1, D)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D)
+        x = self.pos_drop(x + self.pos_embed)
+        x = self.blocks(x)
+        return self.norm(x)  # (B, N, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.forward_features(x)[:, 0]  # (B, D) class token
+        return self.head(self.head_drop(x))  # (B, num_classes)
+
+
+def create_model(size: str, attention: str = "naive", **overrides) -> VisionTransformer:
+    """Build a named size (`debug`, `tiny`, `small`, `base`, `large`) with optional overrides.
+
+    Raises:
+        ValueError: unknown size; the message lists the valid ones.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid sizes are: {', '.join(SIZES)} (set it with model=<size>)")
+    return VisionTransformer(**{**SIZES[size], **overrides}, attention=attention)
