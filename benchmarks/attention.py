@@ -1,0 +1,314 @@
+"""Attention kernel benchmark: every backend × shape × dtype, forward, backward, forward+backward.
+
+    python -m benchmarks.attention --preset baseline        # the shapes of shared/perf/h200_baseline.md
+    python -m benchmarks.attention --preset full            # ViT-S/B/L at 224/384 px + N sweep, bf16 and fp16
+    python -m benchmarks.attention --preset smoke           # tiny, runs on CPU (naive + sdpa)
+
+Method (ARCHITECTURE.md, Benchmarks): FLOPs forward = 4·B·H·N²·d (two N×N×d matmuls), backward =
+2.5× forward (five matmuls, one recomputed in FlashAttention-2), forward+backward = 3.5×. Each phase
+is timed with CUDA events around each call, after warm-up, median of ``--iters`` calls; the calls
+rotate over several input sets whose total size exceeds the GPU's L2 so inputs come from HBM.
+Peak memory = ``max_memory_allocated`` during one forward+backward minus what was allocated before
+(the inputs); it includes the output and dq, dk, dv. Every backend's output is also checked against
+float32 naive attention on a slice (first batch element, first two heads) and the max error reported.
+A backend that fails or runs out of memory gets a row with the error; none is skipped silently.
+Outputs: ``<out>/<name>.json``, ``.md`` and ``.png`` (time, memory and speedup vs N per backend).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from benchmarks.common import (
+    MiB,
+    environment,
+    error_text,
+    free_memory,
+    markdown_header,
+    markdown_table,
+    peak_extra_bytes,
+    print_environment,
+    time_ms,
+    write_outputs,
+)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# name -> (registry name, SDPA backend it is pinned to or None). "sdpa-*" are PyTorch's kernels.
+BACKENDS: dict[str, tuple[str, SDPBackend | None]] = {
+    "naive": ("naive", None),
+    "sdpa-flash": ("sdpa", SDPBackend.FLASH_ATTENTION),
+    "sdpa-cudnn": ("sdpa", SDPBackend.CUDNN_ATTENTION),
+    "sdpa-efficient": ("sdpa", SDPBackend.EFFICIENT_ATTENTION),
+    "sdpa-math": ("sdpa", SDPBackend.MATH),
+    "flash": ("flash", None),
+    "cuda": ("cuda", None),
+}
+DEFAULT_BACKENDS = ["naive", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flash", "cuda"]
+
+# (B, H, N, d): ViT-S/B/L (H = 6/12/16, d = 64) at 224 px (N = 197) and 384 px (N = 577).
+VIT_SHAPES = [(256, 6, 197, 64), (256, 12, 197, 64), (256, 16, 197, 64),
+              (128, 6, 577, 64), (128, 12, 577, 64), (64, 16, 577, 64)]
+# High resolution: N = 1024 … 16384 with B·N = 32768 held, d = 64 (H = 12) and d = 128 (H = 16).
+SWEEP_SHAPES = [(32768 // n, h, n, d) for d, h in ((64, 12), (128, 16)) for n in (1024, 2048, 4096, 8192, 16384)]
+PRESETS = {
+    # Exactly the rows of shared/perf/h200_baseline.md, so our numbers sit beside the measured peers.
+    "baseline": {"shapes": [(256, 12, 197, 64), (128, 16, 577, 64), (32, 12, 1024, 64), (8, 12, 4096, 64),
+                            (2, 12, 16384, 64), (8, 16, 4096, 128), (256, 12, 197, 128)],
+                 "dtypes": ["bf16"], "backends": DEFAULT_BACKENDS, "warmup": 5, "iters": 30},
+    "full": {"shapes": VIT_SHAPES + SWEEP_SHAPES, "dtypes": ["bf16", "fp16"], "backends": DEFAULT_BACKENDS,
+             "warmup": 5, "iters": 30},
+    # CPU-sized; sdpa-efficient has no CPU kernel, so its rows exercise the error path.
+    "smoke": {"shapes": [(8, 2, 16, 16), (4, 2, 32, 16), (2, 2, 64, 16), (2, 2, 32, 32)], "dtypes": ["bf16"],
+              "backends": ["naive", "sdpa-flash", "sdpa-efficient"], "warmup": 1, "iters": 3},
+}
+
+
+def flops_forward(B: int, H: int, N: int, d: int) -> float:
+    """Forward FLOPs of non-causal attention: q·kᵀ and p·v, each 2·B·H·N²·d."""
+    return 4.0 * B * H * N * N * d
+
+
+def resolve_backend(name: str):
+    """-> (attention fn, context manager factory). Raises whatever the registry raises."""
+    from kernels import get_attention
+
+    if name not in BACKENDS:
+        raise ValueError(f"unknown benchmark backend {name!r}; valid: {', '.join(BACKENDS)}")
+    registry_name, sdpa_backend = BACKENDS[name]
+    fn = get_attention(registry_name)
+    ctx = (lambda: sdpa_kernel(sdpa_backend)) if sdpa_backend is not None else contextlib.nullcontext
+    return fn, ctx
+
+
+def input_sets(B, H, N, d, dtype, device, l2_bytes):
+    """Random q, k, v (leaves needing grad) and do; enough sets that their total exceeds 2× the L2."""
+    set_bytes = 4 * B * H * N * d * torch.finfo(dtype).bits // 8
+    n = 1 if device == "cpu" else max(2, min(64, math.ceil(2 * l2_bytes / set_bytes)))
+    sets = []
+    for _ in range(n):
+        q, k, v, do = (torch.randn(B, H, N, d, device=device, dtype=dtype) for _ in range(4))  # (B, H, N, d)
+        sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
+    return sets
+
+
+def max_error_vs_fp32(fn, q, k, v) -> float:
+    """Max |fn - float32 naive| on the first batch element and first two heads (cheap at any N)."""
+    from kernels.naive import attention as naive
+
+    qs, ks, vs = (t[:1, :2].detach() for t in (q, k, v))  # (1, ≤2, N, d)
+    with torch.no_grad():
+        ref = naive(qs.float(), ks.float(), vs.float())
+        got = fn(qs.contiguous(), ks.contiguous(), vs.contiguous())
+    return (got.float() - ref).abs().max().item()
+
+
+def measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row):
+    """Fill ``row`` with fwd / bwd / fwd+bwd ms, TFLOP/s and peak MiB; exceptions propagate."""
+    fn, ctx = resolve_backend(name)
+    with ctx():
+        sets = input_sets(B, H, N, d, DTYPES[dtype_name], device, l2_bytes)
+        row["input_sets"] = len(sets)
+        row["max_err"] = max_error_vs_fp32(fn, *sets[0][:3])
+
+        def fwd(i):
+            q, k, v, _ = sets[i % len(sets)]
+            return fn(q, k, v)
+
+        def fwd_bwd(i):
+            q, k, v, do = sets[i % len(sets)]
+            return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+        def bwd(i, out):
+            q, k, v, do = sets[i % len(sets)]
+            return torch.autograd.grad(out, (q, k, v), do)
+
+        flops = flops_forward(B, H, N, d)
+        for phase, kwargs, mult in (("fwd", {"fn": fwd}, 1.0), ("bwd", {"fn": bwd, "setup": fwd}, 2.5),
+                                    ("fwdbwd", {"fn": fwd_bwd}, 3.5)):
+            ms = time_ms(**kwargs, warmup=warmup, iters=iters, device=device)
+            row[f"{phase}_ms"] = ms
+            row[f"{phase}_tflops"] = mult * flops / (ms * 1e-3) / 1e12
+        free_memory()
+        for phase, f in (("fwd", lambda: fwd(0)), ("fwdbwd", lambda: fwd_bwd(0))):
+            peak = peak_extra_bytes(f, device=device)
+            row[f"{phase}_peak_mib"] = None if peak is None else peak / MiB
+
+
+def run_case(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes) -> dict:
+    row = {"backend": name, "B": B, "H": H, "N": N, "d": d, "dtype": dtype_name, "status": "ok"}
+    t0 = time.perf_counter()
+    try:
+        measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row)
+    except Exception as exc:  # noqa: BLE001  one failing backend must not stop the run; its row says why
+        row["status"] = error_text(exc)
+    free_memory()
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """naive's fwd+bwd time and peak memory over each row's, for the same shape and dtype."""
+    naive = {(r["B"], r["H"], r["N"], r["d"], r["dtype"]): r for r in rows if r["backend"] == "naive"}
+    for r in rows:
+        ref = naive.get((r["B"], r["H"], r["N"], r["d"], r["dtype"]))
+        ok = ref is not None and r.get("fwdbwd_ms") and ref.get("fwdbwd_ms")
+        r["speedup_vs_naive"] = ref["fwdbwd_ms"] / r["fwdbwd_ms"] if ok else None
+        ok = ok and r.get("fwdbwd_peak_mib") and ref.get("fwdbwd_peak_mib")
+        r["memory_saving_vs_naive"] = ref["fwdbwd_peak_mib"] / r["fwdbwd_peak_mib"] if ok else None
+
+
+COLUMNS = [("B", "B", 0), ("H", "H", 0), ("N", "N", 0), ("d", "d", 0), ("dtype", "dtype", 0),
+           ("backend", "backend", 0), ("fwd ms", "fwd_ms", 3), ("fwd TFLOP/s", "fwd_tflops", 1),
+           ("bwd ms", "bwd_ms", 3), ("bwd TFLOP/s", "bwd_tflops", 1), ("fwd+bwd ms", "fwdbwd_ms", 3),
+           ("fwd+bwd TFLOP/s", "fwdbwd_tflops", 1), ("peak fwd MiB", "fwd_peak_mib", 0),
+           ("peak fwd+bwd MiB", "fwdbwd_peak_mib", 0), ("× faster than naive", "speedup_vs_naive", 2),
+           ("× less memory than naive", "memory_saving_vs_naive", 1), ("max err vs fp32", "max_err", 4),
+           ("status", "status", 0)]
+
+
+def render_markdown(env, config, rows) -> str:
+    notes = [(f"Preset `{config['preset']}`; warm-up {config['warmup']}, median of {config['iters']} calls per phase; "
+             "inputs rotated over sets totalling > 2× L2."),
+             ("FLOPs: fwd 4·B·H·N²·d, bwd 2.5×, fwd+bwd 3.5×. Peak = extra memory allocated during the phase beyond "
+             "the inputs (includes out, and dq/dk/dv for fwd+bwd); n/a on CPU."),
+             ("sdpa-X = `F.scaled_dot_product_attention` pinned to SDPBackend.X; naive = softmax(q·kᵀ·d^-0.5 in "
+             "float32)·v; max err = max |out − float32 naive| on batch 0, heads 0-1.")]
+    if env["gpu"] is None:
+        notes.append("**CPU run: wall-clock timing, memory n/a. Not a GPU result.**")
+    return markdown_header("Attention benchmark", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> Path | None:
+    """Per dtype and head_dim: fwd+bwd time and peak memory per (sequence·head) vs N, and speedup vs naive."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dtype"], r["d"]) for r in rows})
+    if not groups:
+        return None
+    fig, axes = plt.subplots(len(groups), 3, figsize=(16, 4.6 * len(groups)), squeeze=False)
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    failed: dict[tuple[str, str], list[str]] = {}  # (backend, status) -> shapes, listed under the figure
+    for (dtype, d), (ax_t, ax_m, ax_s) in zip(groups, axes):
+        for b in backends:
+            sel = [r for r in rows if r["backend"] == b and r["dtype"] == dtype and r["d"] == d]
+            ok = [r for r in sel if r.get("fwdbwd_ms") is not None]
+            for r in sel:
+                if r["status"] != "ok":
+                    failed.setdefault((b, r["status"][:110]), []).append(f"{dtype}/d{d}/N{r['N']}")
+            if not ok:
+                continue
+            ns = sorted({r["N"] for r in ok})
+
+            def series(key, per_bh, ok=ok, ns=ns):
+                ys = []
+                for n in ns:
+                    vals = [r[key] / (r["B"] * r["H"] if per_bh else 1) for r in ok if r["N"] == n and r.get(key)]
+                    ys.append(statistics.median(vals) if vals else float("nan"))
+                return ys
+
+            style = {"marker": "o", "label": b, "linestyle": "--" if b == "naive" else "-"}
+            for ax, key, per_bh in ((ax_t, "fwdbwd_ms", True), (ax_m, "fwdbwd_peak_mib", True),
+                                    (ax_s, "speedup_vs_naive", False)):
+                ys = series(key, per_bh)
+                if any(math.isfinite(y) and y > 0 for y in ys):
+                    ax.plot(ns, ys, **style)
+        for ax, ylabel in ((ax_t, "fwd+bwd ms per (sequence·head)"), (ax_m, "peak fwd+bwd MiB per (sequence·head)"),
+                           (ax_s, "naive fwd+bwd time / backend's")):
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{dtype}, head_dim {d}")
+            ax.grid(True, which="both", alpha=0.3)
+            if ax.lines:  # log axes need positive data; an empty panel says why instead
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log" if ax is not ax_s else "linear")
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "no data (memory is n/a on CPU)" if ax is ax_m else "no data",
+                        transform=ax.transAxes, ha="center")
+    lines = [f"no result: {b} ({', '.join(shapes[:4])}{' …' if len(shapes) > 4 else ''}): {status}"
+             for (b, status), shapes in failed.items()][:8]
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, color="darkred", va="bottom")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.018 * len(lines) * (2 / len(groups)) ** 0.5, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """'B,H,N,d;B,H,N,d' -> list of 4-tuples. Raises ValueError naming the bad entry."""
+    shapes = []
+    for part in filter(None, text.split(";")):
+        try:
+            B, H, N, d = (int(x) for x in part.split(","))
+        except ValueError:
+            raise ValueError(f"bad shape {part!r} in --shapes; write B,H,N,d;B,H,N,d (e.g. 32,12,1024,64)") from None
+        if min(B, H, N, d) < 1:
+            raise ValueError(f"shape {part!r} has a non-positive size")
+        shapes.append((B, H, N, d))
+    return shapes
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="baseline")
+    p.add_argument("--backends", nargs="+", choices=list(BACKENDS), help="override the preset's backends")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), help="override the preset's dtypes")
+    p.add_argument("--shapes", type=parse_shapes, help="override the preset's shapes: 'B,H,N,d;B,H,N,d'")
+    p.add_argument("--warmup", type=int, help="untimed calls per phase (preset default)")
+    p.add_argument("--iters", type=int, help="timed calls per phase; the median is reported (preset default)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--name", help="output file stem (default attention_<preset>)")
+    p.add_argument("--no-plot", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    preset = PRESETS[args.preset]
+    config = {"preset": args.preset, "shapes": args.shapes or preset["shapes"],
+              "dtypes": args.dtypes or preset["dtypes"], "backends": args.backends or preset["backends"],
+              "warmup": preset["warmup"] if args.warmup is None else args.warmup,
+              "iters": preset["iters"] if args.iters is None else args.iters, "device": args.device}
+    name = args.name or f"attention_{args.preset}"
+    env = environment(["benchmarks/attention.py"] + list(sys.argv[1:] if argv is None else argv), device=args.device)
+    print_environment(env)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if args.device == "cuda" else 0
+    l2 = l2 or 60 * MiB
+    rows = []
+    for dtype_name in config["dtypes"]:
+        for B, H, N, d in config["shapes"]:
+            for backend in config["backends"]:
+                row = run_case(backend, B, H, N, d, dtype_name, args.device, config["warmup"], config["iters"], l2)
+                rows.append(row)
+                print(f"{dtype_name} B={B:<4} H={H:<3} N={N:<6} d={d:<4} {backend:<15} "
+                      f"fwd {row.get('fwd_ms', float('nan')):9.3f} ms  fwd+bwd {row.get('fwdbwd_ms', float('nan')):9.3f} ms"
+                      f"  {row.get('fwdbwd_tflops') or 0:6.0f} TFLOP/s  peak {row.get('fwdbwd_peak_mib') or float('nan'):9.0f}"
+                      f" MiB  err {row.get('max_err', float('nan')):.1e}  {row['status']}", flush=True)
+                add_ratios(rows)
+                paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
+    if not args.no_plot:
+        title = (f"{env['command']}\n{env['gpu'] or 'CPU (wall-clock)'} · torch {env['torch']} · triton {env['triton']}"
+                 f" · {env['date_utc']}")
+        paths["png"] = plot(rows, args.out / f"{name}.png", title)
+    print("wrote " + ", ".join(str(p) for p in paths.values() if p))
+    return {"rows": rows, "paths": paths, "environment": env}
+
+
+if __name__ == "__main__":
+    main()
