@@ -288,8 +288,8 @@ def main(argv=None) -> dict:
     name = args.name or f"attention_{args.preset}"
     env = environment(["benchmarks/attention.py"] + list(sys.argv[1:] if argv is None else argv), device=args.device)
     print_environment(env)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size if args.device == "cuda" else 0
-    l2 = l2 or 60 * MiB
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) if args.device == "cuda" else 0
+    l2 = l2 or 60 * MiB  # H200's L2 when the property is missing
     rows = []
     for dtype_name in config["dtypes"]:
         for B, H, N, d in config["shapes"]:

@@ -1,0 +1,283 @@
+"""End-to-end training throughput: our ViT per attention backend beside timm's ViT, same run.
+
+    python -m benchmarks.train --preset main                 # ViT-B/16 224 px, eager + torch.compile
+    python -m benchmarks.train --preset full                 # + ViT-S/16 224 px and ViT-B/16 384 px
+    python -m benchmarks.train --preset smoke                # tiny model on CPU (naive, sdpa, timm)
+    python -m benchmarks.train --input-pipeline --workers 8 16 [--data-dir /path/to/imagefolder]
+
+One training step as the framework takes it: bf16 autocast forward, cross-entropy, backward,
+optional gradient clipping, AdamW (fused on CUDA), zero_grad. Synthetic images and labels live
+on the GPU, so the loader is not measured here (``--input-pipeline`` measures it alone). Warm-up
+steps (they include torch.compile's compilation) are timed separately and excluded; then each
+step is timed with CUDA events and the median reported. Peak memory = ``max_memory_allocated``
+over the timed steps (weights, gradients, AdamW state and activations). MFU = analytic training
+FLOPs per image (:func:`flops_per_image`, ×3 for forward+backward) × images/s over the bf16 matmul
+ceiling measured at the start of the same run (8192³ ``torch.mm`` on random data).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import (
+    GiB,
+    environment,
+    error_text,
+    free_memory,
+    markdown_header,
+    markdown_table,
+    print_environment,
+    time_ms,
+    write_outputs,
+)
+
+# name -> our size and image size, timm's model name (+ overrides for the CPU-sized one), batch size.
+MODELS = {
+    "vit_small_patch16_224": {"size": "small", "img_size": 224, "timm": "vit_small_patch16_224", "batch": 256},
+    "vit_base_patch16_224": {"size": "base", "img_size": 224, "timm": "vit_base_patch16_224", "batch": 256},
+    # N = 577; batch 128 keeps naive's N×N activations (~55 GiB over 12 blocks) inside one H200.
+    "vit_base_patch16_384": {"size": "base", "img_size": 384, "timm": "vit_base_patch16_384", "batch": 128},
+    "debug_patch16_32": {"size": "debug", "img_size": 32, "timm": "vit_tiny_patch16_224", "batch": 8,
+                         "timm_overrides": {"img_size": 32, "embed_dim": 96, "depth": 4, "num_heads": 3}},
+}
+# An implementation is "timm" or one of our registry's backends.
+EAGER = ["timm", "sdpa", "flash", "cuda", "naive"]
+COMPILED = ["timm", "flash", "sdpa", "cuda"]  # naive compiled is left out: slowest, and 1 min of compile
+PRESETS = {
+    "main": {"models": ["vit_base_patch16_224"], "eager": EAGER, "compiled": COMPILED, "warmup": 5, "steps": 20,
+             "max_minutes": 4.5, "matmul_size": 8192},
+    "full": {"models": ["vit_small_patch16_224", "vit_base_patch16_224", "vit_base_patch16_384"], "eager": EAGER,
+             "compiled": COMPILED, "warmup": 5, "steps": 20, "max_minutes": 9.0, "matmul_size": 8192},
+    "smoke": {"models": ["debug_patch16_32"], "eager": ["timm", "sdpa", "naive"], "compiled": [], "warmup": 1,
+              "steps": 3, "max_minutes": 5.0, "matmul_size": 256},
+}
+# Rough wall-clock cost of one configuration on an H200, used only to stop before the time budget.
+EXPECTED_S = {False: 10.0, True: 75.0}
+
+
+def flops_per_image(size: str, img_size: int, patch_size: int = 16, num_classes: int = 1000,
+                    mlp_ratio: float = 4.0) -> float:
+    """Forward FLOPs of one image through the ViT (2 per multiply-add; matmuls and the patch conv only).
+
+    patch-embed 2·(N-1)·3P²·D; per block: qkv 2·N·D·3D, q·kᵀ 2·N²·D, p·v 2·N²·D, proj 2·N·D², MLP
+    2·2·N·D·(r·D); head 2·D·C. ViT-B/16 at 224 px: 35.1 GFLOP (timm/fvcore: 17.6 GMACs).
+    Norms, softmax, GELU and the optimizer are not counted (standard MFU practice, PaLM appendix B).
+    """
+    from vit.model import SIZES
+
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; valid sizes are: {', '.join(SIZES)}")
+    D, depth = SIZES[size]["embed_dim"], SIZES[size]["depth"]
+    P, N, M = patch_size, (img_size // patch_size) ** 2 + 1, int(D * mlp_ratio)
+    block = 2 * N * D * 3 * D + 4 * N * N * D + 2 * N * D * D + 4 * N * D * M
+    return 2 * (N - 1) * 3 * P * P * D + depth * block + 2 * D * num_classes
+
+
+def matmul_ceiling_tflops(n: int, device: str) -> float:
+    """bf16 n×n @ n×n TFLOP/s on random data: the ceiling MFU is measured against."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    ms = time_ms(lambda i: torch.mm(a, b), warmup=3, iters=20 if device == "cuda" else 3, device=device)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def build(impl: str, spec: dict, device: str) -> torch.nn.Module:
+    """Our ViT with backend ``impl``, or timm's same model with its default fused SDPA when impl == 'timm'."""
+    if impl == "timm":
+        import timm
+
+        model = timm.create_model(spec["timm"], pretrained=False, num_classes=1000, **spec.get("timm_overrides", {}))
+    else:
+        from vit.model import create_model
+
+        model = create_model(spec["size"], attention=impl, img_size=spec["img_size"], num_classes=1000)
+    return model.to(device).train()
+
+
+def train_step(model, opt, x, y, clip_grad: float | None, device: str) -> torch.Tensor:
+    """One step as the framework trains: bf16 autocast forward, backward, optional clipping, AdamW."""
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    if clip_grad:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def measure(impl, model_name, compiled, args, device, row) -> None:
+    """Fill ``row`` with step ms, images/s and peak GiB for one configuration; exceptions propagate."""
+    spec = MODELS[model_name]
+    B, S = args.batch_size or spec["batch"], spec["img_size"]
+    model = build(impl, spec, device)
+    row["params_m"] = sum(p.numel() for p in model.parameters()) / 1e6
+    if impl == "timm":
+        row["attention"] = "sdpa (timm fused_attn)" if getattr(model.blocks[0].attn, "fused_attn", False) else \
+            "explicit softmax (timm)"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=device == "cuda")
+    step_model = torch.compile(model) if compiled else model
+    x = torch.randn(B, 3, S, S, device=device)  # (B, 3, S, S) synthetic images
+    y = torch.randint(0, 1000, (B,), device=device)  # (B,) labels
+    row["batch"] = B
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):  # the first step compiles under torch.compile
+        train_step(step_model, opt, x, y, args.clip_grad, device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    row["warmup_s"] = time.perf_counter() - t0
+    losses = []
+    ms = time_ms(lambda i: losses.append(train_step(step_model, opt, x, y, args.clip_grad, device)),
+                 warmup=0, iters=args.steps, device=device)
+    final = torch.stack(losses).float()
+    if not torch.isfinite(final).all():
+        raise RuntimeError(f"non-finite training loss {final.tolist()}: the backend's gradients are broken")
+    row["loss"] = final[-1].item()
+    row["step_ms"] = ms
+    row["images_per_s"] = B / (ms * 1e-3)
+    row["peak_gib"] = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else None
+    flops = 3 * flops_per_image(spec["size"], S)
+    row["model_tflops"] = flops * row["images_per_s"] / 1e12
+
+
+def run_config(impl, model_name, compiled, args, device) -> dict:
+    row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
+           "compile": compiled, "status": "ok"}
+    t0 = time.perf_counter()
+    try:
+        measure(impl, model_name, compiled, args, device, row)
+    except Exception as exc:  # noqa: BLE001  one failing backend must not stop the run; its row says why
+        row["status"] = error_text(exc)
+    if compiled:
+        torch._dynamo.reset()
+    free_memory()
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
+    """MFU, and each of our rows against timm's for the same model and compile setting."""
+    timm_rows = {(r["model"], r["compile"]): r for r in rows if r["impl"] == "timm" and r.get("images_per_s")}
+    for r in rows:
+        r["mfu"] = r["model_tflops"] / ceiling_tflops if r.get("model_tflops") and ceiling_tflops else None
+        ref = timm_rows.get((r["model"], r["compile"]))
+        ok = r["impl"] == "ours" and ref is not None and r.get("images_per_s")
+        r["speed_vs_timm"] = r["images_per_s"] / ref["images_per_s"] - 1 if ok else None
+        ok = ok and r.get("peak_gib") is not None and ref.get("peak_gib") is not None
+        r["peak_vs_timm_gib"] = r["peak_gib"] - ref["peak_gib"] if ok else None
+        r["speed_vs_timm_pct"] = None if r["speed_vs_timm"] is None else f"{100 * r['speed_vs_timm']:+.1f}%"
+        r["mfu_pct"] = None if r["mfu"] is None else 100 * r["mfu"]
+
+
+COLUMNS = [("model", "model", 0), ("impl", "impl", 0), ("attention", "attention", 0), ("compile", "compile", 0),
+           ("batch", "batch", 0), ("images/s", "images_per_s", 0), ("vs timm images/s", "speed_vs_timm_pct", 0),
+           ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
+           ("model TFLOP/s", "model_tflops", 0), ("MFU %", "mfu_pct", 1), ("warm-up s", "warmup_s", 1),
+           ("status", "status", 0)]
+
+
+def render_markdown(env, config, rows) -> str:
+    notes = [(f"Preset `{config['preset']}`; {config['warmup']} warm-up steps (incl. compilation) excluded, median of "
+              f"{config['steps']} timed steps; bf16 autocast, AdamW(fused on CUDA), synthetic data on the device, "
+              f"clip_grad={config['clip_grad']}, cudnn.benchmark=True."),
+             (f"bf16 {config['matmul_size']}³ matmul ceiling in this run: {config['matmul_tflops']:.4g} TFLOP/s; "
+              "MFU = 3 × analytic forward FLOPs/image × images/s / ceiling."),
+             ("impl timm = `timm.create_model(name, pretrained=False)` with its default fused SDPA; ours = "
+              "`vit.model.create_model(size, attention=...)`. 'vs timm' compares with timm at the same compile setting.")]
+    if env["gpu"] is None:
+        notes.append("**CPU run: wall-clock timing, memory n/a. Not a GPU result.**")
+    return markdown_header("Training throughput", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+
+
+def run_models(args, device, env) -> dict:
+    preset = PRESETS[args.preset]
+    config = {"preset": args.preset, "models": args.models or preset["models"],
+              "eager": preset["eager"] if args.eager is None else args.eager,
+              "compiled": preset["compiled"] if args.compiled is None else args.compiled,
+              "warmup": preset["warmup"] if args.warmup is None else args.warmup,
+              "steps": args.steps or preset["steps"],
+              "max_minutes": args.max_minutes or preset["max_minutes"],
+              "matmul_size": args.matmul_size or preset["matmul_size"], "clip_grad": args.clip_grad}
+    args.warmup, args.steps = config["warmup"], config["steps"]
+    torch.backends.cudnn.benchmark = True  # as timm's train.py does; only the patch-embed conv uses cuDNN
+    config["matmul_tflops"] = matmul_ceiling_tflops(config["matmul_size"], device)
+    print(f"bf16 {config['matmul_size']}^3 matmul: {config['matmul_tflops']:.1f} TFLOP/s", flush=True)
+    plan = [(m, impl, compiled) for compiled in (False, True) for m in config["models"]
+            for impl in (config["compiled"] if compiled else config["eager"])]
+    name, rows, start = args.name or f"train_{args.preset}", [], time.perf_counter()
+    for model_name, impl, compiled in plan:
+        elapsed = time.perf_counter() - start
+        if elapsed + EXPECTED_S[compiled] > 60 * config["max_minutes"]:
+            row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
+                   "compile": compiled, "status": f"not run: time budget of {config['max_minutes']} min reached "
+                                                  f"after {elapsed:.0f} s (raise --max-minutes)"}
+        else:
+            row = run_config(impl, model_name, compiled, args, device)
+        rows.append(row)
+        print(f"{model_name:<22} {row['impl']:<5} {impl:<6} compile={compiled!s:<5} "
+              f"{row.get('images_per_s') or float('nan'):8.0f} img/s  {row.get('step_ms') or float('nan'):8.1f} ms  "
+              f"peak {row.get('peak_gib') or float('nan'):6.2f} GiB  warm-up {row.get('warmup_s') or 0:5.1f} s  "
+              f"{row['status']}", flush=True)
+        add_comparisons(rows, config["matmul_tflops"])
+        paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
+    return {"rows": rows, "paths": paths, "config": config}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="main")
+    p.add_argument("--models", nargs="+", choices=list(MODELS), help="override the preset's models")
+    p.add_argument("--eager", nargs="*", help="implementations to run eagerly: timm and/or backend names")
+    p.add_argument("--compiled", nargs="*", help="implementations to run under torch.compile ([] for none)")
+    p.add_argument("--batch-size", type=int, help="override the model's batch size")
+    p.add_argument("--warmup", type=int, help="untimed steps per configuration (include compilation)")
+    p.add_argument("--steps", type=int, help="timed steps per configuration; the median is reported")
+    p.add_argument("--clip-grad", type=float, default=None, help="clip the gradient norm to this value")
+    p.add_argument("--max-minutes", type=float, help="stop starting new configurations after this long")
+    p.add_argument("--matmul-size", type=int, help="n of the n³ bf16 matmul ceiling (8192 on GPU)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--name", help="output file stem (default train_<preset>, or input_pipeline)")
+    pipe = p.add_argument_group("input pipeline (--input-pipeline): the image-folder loader alone")
+    pipe.add_argument("--input-pipeline", action="store_true", help="measure the loader instead of the model")
+    pipe.add_argument("--data-dir", type=Path, help="ImageNet-style folder (<class>/<image>, or its train/); "
+                                                    "default: a generated folder of random JPEGs")
+    pipe.add_argument("--workers", type=int, nargs="+", default=[8, 16], help="DataLoader worker counts to try")
+    pipe.add_argument("--transforms", nargs="+", choices=["train", "eval"], default=["train", "eval"])
+    pipe.add_argument("--num-images", type=int, default=3000, help="images in the generated folder")
+    pipe.add_argument("--gen-size", type=int, nargs=2, default=[400, 425], help="generated JPEG height, width")
+    pipe.add_argument("--img-size", type=int, default=224, help="the transform's output size")
+    pipe.add_argument("--auto-augment", default="rand-m9-mstd0.5-inc1", help="timm auto_augment for train ('' off)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    for impl in (args.eager or []) + (args.compiled or []):
+        if impl != "timm":
+            from kernels import available_backends
+
+            if impl not in available_backends():
+                raise ValueError(f"unknown implementation {impl!r}; valid: timm, {', '.join(available_backends())}")
+    script = "benchmarks/train.py"
+    env = environment([script] + list(sys.argv[1:] if argv is None else argv), device=args.device)
+    print_environment(env)
+    if args.input_pipeline:
+        from benchmarks.input_pipeline import run_pipeline
+
+        result = run_pipeline(args, env)
+    else:
+        result = run_models(args, args.device, env)
+    print("wrote " + ", ".join(str(p) for p in result["paths"].values()))
+    return result
+
+
+if __name__ == "__main__":
+    main()

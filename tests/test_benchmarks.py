@@ -1,0 +1,138 @@
+"""CPU smoke of the benchmark tools: both scripts on tiny shapes (naive, sdpa, timm), real output files.
+
+They check that each script writes JSON, Markdown and (attention) PNG holding measured rows, that a
+failing backend becomes an error row instead of stopping the run, and that the analytic FLOP count
+used for MFU equals what PyTorch's FlopCounterMode counts on the model itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x` from the repo root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import attention as attn_bench
+from benchmarks import common
+from benchmarks import train as train_bench
+
+ON_GPU = torch.cuda.is_available()
+
+
+def _read(paths):
+    data = json.loads(Path(paths["json"]).read_text())
+    return data, Path(paths["md"]).read_text()
+
+
+def test_attention_smoke_writes_real_rows(tmp_path):
+    result = attn_bench.main(["--preset", "smoke", "--out", str(tmp_path), "--name", "att"])
+    data, md = _read(result["paths"])
+    env, rows = data["environment"], data["rows"]
+    assert env["torch"] == torch.__version__ and env["command"].startswith("python -m benchmarks.attention")
+    assert env["timer"].startswith("cuda-events" if ON_GPU else "wall-clock")
+    shapes = attn_bench.PRESETS["smoke"]["shapes"]
+    assert len(rows) == len(shapes) * 3
+    for r in rows:
+        if r["backend"] in ("naive", "sdpa-flash"):
+            assert r["status"] == "ok", r
+            for key in ("fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "fwdbwd_tflops"):
+                assert r[key] > 0 and math.isfinite(r[key]), (key, r)
+            assert r["max_err"] < 0.05, r  # bf16 output vs float32 naive
+            assert (r["fwdbwd_peak_mib"] is None) == (not ON_GPU)
+    naive_ratio = [r["speedup_vs_naive"] for r in rows if r["backend"] == "naive"]
+    assert all(x == pytest.approx(1.0) for x in naive_ratio)
+    if not ON_GPU:  # PyTorch has no memory-efficient kernel on CPU: the row must say so
+        errors = [r for r in rows if r["backend"] == "sdpa-efficient"]
+        assert errors and all(r["status"].startswith("error: ") for r in errors)
+    # the Markdown table has the header, the environment, and one line per row
+    assert "| B | H | N | d | dtype | backend |" in md and env["date_utc"] in md and env["torch"] in md
+    assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1
+    png = Path(result["paths"]["png"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_attention_failing_backend_gets_error_row(tmp_path, monkeypatch):
+    real = attn_bench.resolve_backend
+
+    def resolve(name):
+        if name == "flash":
+            raise RuntimeError("kernel not built")
+        return real(name)
+
+    monkeypatch.setattr(attn_bench, "resolve_backend", resolve)
+    result = attn_bench.main(["--preset", "smoke", "--backends", "naive", "flash", "--shapes", "2,2,16,16",
+                              "--out", str(tmp_path), "--no-plot"])
+    rows = {r["backend"]: r for r in result["rows"]}
+    assert rows["naive"]["status"] == "ok"
+    assert rows["flash"]["status"] == "error: RuntimeError: kernel not built"
+    assert "error: RuntimeError: kernel not built" in Path(result["paths"]["md"]).read_text()
+
+
+def test_attention_bad_arguments():
+    with pytest.raises(ValueError, match="B,H,N,d"):
+        attn_bench.parse_shapes("2,2,16")
+    with pytest.raises(ValueError, match="iters"):
+        common.time_ms(lambda i: None, warmup=0, iters=0, device="cpu")
+    assert common.error_text(torch.cuda.OutOfMemoryError("CUDA out of memory")).startswith("error: OOM")
+
+
+def test_train_smoke_writes_real_rows(tmp_path):
+    result = train_bench.main(["--preset", "smoke", "--steps", "2", "--out", str(tmp_path), "--name", "tr"])
+    data, md = _read(result["paths"])
+    rows = data["rows"]
+    assert [(r["impl"], r["attention"]) for r in rows][:1] == [("timm", "sdpa (timm fused_attn)")]
+    assert {r["attention"] for r in rows if r["impl"] == "ours"} == {"sdpa", "naive"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["images_per_s"] > 0 and r["step_ms"] > 0 and math.isfinite(r["loss"])
+        assert 0 < r["mfu"] and r["params_m"] > 0
+    params = {r["params_m"] for r in rows}
+    assert len(params) == 1, "ours and timm must be the same architecture"
+    ours = [r for r in rows if r["impl"] == "ours"]
+    assert all(r["speed_vs_timm"] is not None for r in ours)
+    assert data["config"]["matmul_tflops"] > 0
+    assert "| model | impl | attention |" in md and "vs timm images/s" in md
+    assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1
+
+
+def test_train_time_budget_marks_rows_not_run(tmp_path):
+    result = train_bench.main(["--preset", "smoke", "--max-minutes", "1e-4", "--out", str(tmp_path)])
+    assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
+
+
+def test_input_pipeline_smoke(tmp_path):
+    result = train_bench.main(["--input-pipeline", "--workers", "0", "1", "--num-images", "20", "--batch-size", "4",
+                               "--gen-size", "72", "80", "--img-size", "32", "--out", str(tmp_path)])
+    data, _ = _read(result["paths"])
+    assert len(data["rows"]) == 4  # train and eval transforms × 2 worker counts
+    for r in data["rows"]:
+        assert r["status"] == "ok" and r["images"] == 20 and r["images_per_s"] > 0, r
+    assert "RandAugment" in data["config"]["transform_train"]
+    with pytest.raises(ValueError, match="not a directory"):
+        from benchmarks.input_pipeline import make_dataset
+
+        make_dataset(tmp_path / "missing", "train", 32, "")
+
+
+@pytest.mark.parametrize("size,img_size", [("debug", 32), ("debug", 64)])
+def test_flops_per_image_matches_flop_counter(size, img_size):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vit.model import create_model
+
+    model = create_model(size, attention="naive", img_size=img_size, num_classes=1000)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.randn(2, 3, img_size, img_size))
+    assert counter.get_total_flops() == 2 * train_bench.flops_per_image(size, img_size)
+
+
+def test_flops_per_image_vit_base():
+    # timm/fvcore report 17.6 GMACs for vit_base_patch16_224 (matmuls and the patch conv)
+    assert train_bench.flops_per_image("base", 224) / 2e9 == pytest.approx(17.56, abs=0.05)
