@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from benchmarks.common import (
     time_ms,
     write_outputs,
 )
+from benchmarks.plots import plot_attention
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -187,66 +187,6 @@ def render_markdown(env, config, rows) -> str:
     return markdown_header("Attention benchmark", env, notes) + "\n" + markdown_table(rows, COLUMNS)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> Path | None:
-    """Per dtype and head_dim: fwd+bwd time and peak memory per (sequence·head) vs N, and speedup vs naive."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = sorted({(r["dtype"], r["d"]) for r in rows})
-    if not groups:
-        return None
-    fig, axes = plt.subplots(len(groups), 3, figsize=(16, 4.6 * len(groups)), squeeze=False)
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    failed: dict[tuple[str, str], list[str]] = {}  # (backend, status) -> shapes, listed under the figure
-    for (dtype, d), (ax_t, ax_m, ax_s) in zip(groups, axes):
-        for b in backends:
-            sel = [r for r in rows if r["backend"] == b and r["dtype"] == dtype and r["d"] == d]
-            ok = [r for r in sel if r.get("fwdbwd_ms") is not None]
-            for r in sel:
-                if r["status"] != "ok":
-                    failed.setdefault((b, r["status"][:110]), []).append(f"{dtype}/d{d}/N{r['N']}")
-            if not ok:
-                continue
-            ns = sorted({r["N"] for r in ok})
-
-            def series(key, per_bh, ok=ok, ns=ns):
-                ys = []
-                for n in ns:
-                    vals = [r[key] / (r["B"] * r["H"] if per_bh else 1) for r in ok if r["N"] == n and r.get(key)]
-                    ys.append(statistics.median(vals) if vals else float("nan"))
-                return ys
-
-            style = {"marker": "o", "label": b, "linestyle": "--" if b == "naive" else "-"}
-            for ax, key, per_bh in ((ax_t, "fwdbwd_ms", True), (ax_m, "fwdbwd_peak_mib", True),
-                                    (ax_s, "speedup_vs_naive", False)):
-                ys = series(key, per_bh)
-                if any(math.isfinite(y) and y > 0 for y in ys):
-                    ax.plot(ns, ys, **style)
-        for ax, ylabel in ((ax_t, "fwd+bwd ms per (sequence·head)"), (ax_m, "peak fwd+bwd MiB per (sequence·head)"),
-                           (ax_s, "naive fwd+bwd time / backend's")):
-            ax.set_xlabel("sequence length N")
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"{dtype}, head_dim {d}")
-            ax.grid(True, which="both", alpha=0.3)
-            if ax.lines:  # log axes need positive data; an empty panel says why instead
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log" if ax is not ax_s else "linear")
-                ax.legend(fontsize=8)
-            else:
-                ax.text(0.5, 0.5, "no data (memory is n/a on CPU)" if ax is ax_m else "no data",
-                        transform=ax.transAxes, ha="center")
-    lines = [f"no result: {b} ({', '.join(shapes[:4])}{' …' if len(shapes) > 4 else ''}): {status}"
-             for (b, status), shapes in failed.items()][:8]
-    fig.text(0.01, 0.005, "\n".join(lines), fontsize=7, color="darkred", va="bottom")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.018 * len(lines) * (2 / len(groups)) ** 0.5, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
     """'B,H,N,d;B,H,N,d' -> list of 4-tuples. Raises ValueError naming the bad entry."""
     shapes = []
@@ -291,6 +231,7 @@ def main(argv=None) -> dict:
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) if args.device == "cuda" else 0
     l2 = l2 or 60 * MiB  # H200's L2 when the property is missing
     rows = []
+    paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
     for dtype_name in config["dtypes"]:
         for B, H, N, d in config["shapes"]:
             for backend in config["backends"]:
@@ -305,7 +246,7 @@ def main(argv=None) -> dict:
     if not args.no_plot:
         title = (f"{env['command']}\n{env['gpu'] or 'CPU (wall-clock)'} · torch {env['torch']} · triton {env['triton']}"
                  f" · {env['date_utc']}")
-        paths["png"] = plot(rows, args.out / f"{name}.png", title)
+        paths["png"] = plot_attention(rows, args.out / f"{name}.png", title)
     print("wrote " + ", ".join(str(p) for p in paths.values() if p))
     return {"rows": rows, "paths": paths, "environment": env}
 

@@ -210,6 +210,7 @@ def run_models(args, device, env) -> dict:
     plan = [(m, impl, compiled) for compiled in (False, True) for m in config["models"]
             for impl in (config["compiled"] if compiled else config["eager"])]
     name, rows, start = args.name or f"train_{args.preset}", [], time.perf_counter()
+    paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
     for model_name, impl, compiled in plan:
         elapsed = time.perf_counter() - start
         if elapsed + EXPECTED_S[compiled] > 60 * config["max_minutes"]:

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x`
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import attention as attn_bench
-from benchmarks import common
+from benchmarks import common, plots
 from benchmarks import train as train_bench
 
 ON_GPU = torch.cuda.is_available()
@@ -55,6 +55,9 @@ def test_attention_smoke_writes_real_rows(tmp_path):
     assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1
     png = Path(result["paths"]["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    png.unlink()
+    plots.main([result["paths"]["json"]])  # redraw from the saved JSON alone
+    assert png.stat().st_size > 10_000
 
 
 def test_attention_failing_backend_gets_error_row(tmp_path, monkeypatch):
