@@ -1,0 +1,104 @@
+"""Hand-written CUDA C++ FlashAttention-2 backend (``attention=cuda``), forward and backward.
+
+Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning", Algorithms 1 (forward) and 2 (backward), written with ``mma.sync`` m16n8k16
+tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`` double buffering
+(see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). Contract: see :mod:`kernels`. Limits of this backend:
+
+- dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.
+- head_dim: kernels exist for 32, 64 and 128; any other head_dim ≤ 128 is zero-padded up to the
+  next of these and the result sliced, which costs the padded FLOPs (d=80 runs as d=128: 1.6×).
+- any seq_len ≥ 1 (keys past N are masked with −inf; rows past N are never written).
+- strided inputs: the last dimension must have stride 1, else one copy is made here; rows must
+  start on 16-byte boundaries (strides multiple of 8 elements), else the host code copies once.
+- dq is accumulated with float32 atomics across key tiles, so it is not bitwise reproducible run
+  to run (dk, dv and out are).
+- the extension compiles on first use (about a minute, cached): ``python -m kernels.cuda.build``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+
+HEAD_DIMS = (32, 64, 128)
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _padded_head_dim(head_dim: int) -> int:
+    return next(d for d in HEAD_DIMS if d >= head_dim)
+
+
+def check_inputs(q, k, v, softmax_scale=None) -> None:
+    """Validate ``attention``'s arguments without touching the GPU or the extension.
+
+    Raises:
+        TypeError: an argument is not a tensor, or dtypes are unsupported or differ.
+        ValueError: shapes are not ``(B, H, N, head_dim)`` alike, head_dim > 128, an empty
+            dimension, tensors on different or non-CUDA devices, or a softmax_scale that is not > 0.
+        RuntimeError: the tensors are on the CPU and no CUDA GPU is visible at all.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention=cuda: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise TypeError(
+                f"attention=cuda supports float16 and bfloat16, but {name} is {t.dtype}; cast with "
+                f".to(torch.bfloat16) or train under torch.autocast, or pick attention=sdpa for float32"
+            )
+        if t.dtype != q.dtype:
+            raise TypeError(f"attention=cuda: q, k, v must share one dtype, got q {q.dtype} and {name} {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"attention=cuda: {name} must be (B, H, N, head_dim), got shape {tuple(t.shape)}")
+        if t.shape != q.shape:
+            raise ValueError(f"attention=cuda: q, k, v must have one shape, got q {tuple(q.shape)} and {name} {tuple(t.shape)}")
+    if min(q.shape) < 1:
+        raise ValueError(f"attention=cuda: every dimension must be ≥ 1, got shape {tuple(q.shape)}")
+    if q.shape[-1] > HEAD_DIMS[-1]:
+        raise ValueError(
+            f"attention=cuda supports head_dim ≤ {HEAD_DIMS[-1]} (kernels for {HEAD_DIMS}, others padded), "
+            f"got {q.shape[-1]}; use attention=sdpa or fewer channels per head"
+        )
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"attention=cuda: softmax_scale must be a finite number > 0 or None, got {softmax_scale!r}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"attention=cuda: q is on {q.device} but {name} is on {t.device}; move them to one GPU")
+    if q.device.type != "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"attention=cuda runs on NVIDIA GPUs and no CUDA GPU is visible here (inputs are on {q.device}); "
+                "run on a GPU machine, or pick attention=sdpa or attention=naive on the CPU"
+            )
+        raise ValueError(f"attention=cuda needs CUDA tensors, got {q.device}; move them with .cuda()")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+    """FlashAttention-2 in CUDA C++: ``softmax(q kᵀ · softmax_scale) v``, differentiable.
+
+    Args:
+        q, k, v: ``(B, H, N, head_dim)`` float16/bfloat16 CUDA tensors, head_dim ≤ 128.
+        softmax_scale: > 0, default ``head_dim ** -0.5``.
+
+    Returns:
+        ``(B, H, N, head_dim)`` tensor of q's dtype (contiguous).
+
+    Raises:
+        TypeError, ValueError, RuntimeError: see :func:`check_inputs`; RuntimeError also when the
+        extension cannot be built (no nvcc: install the CUDA toolkit and set CUDA_HOME).
+    """
+    check_inputs(q, k, v, softmax_scale)
+    head_dim = q.shape[-1]
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    padded = _padded_head_dim(head_dim)
+    if padded != head_dim:  # zero columns change neither q·k nor the kept columns of p·v
+        q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out, _ = ops.attn_fwd(q, k, v, scale)  # (B, H, N, padded)
+    return out[..., :head_dim] if padded != head_dim else out
+
+
+__all__ = ["attention", "check_inputs", "HEAD_DIMS", "DTYPES"]

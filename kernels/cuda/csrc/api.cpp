@@ -1,0 +1,132 @@
+// Host side: checks the tensors, fills the params structs and dispatches on (dtype, head_dim).
+// The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
+// checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "params.h"
+
+namespace {
+
+using vitk::Strides;
+
+void check_qkv(const at::Tensor &t, const char *name, const at::Tensor &q) {
+  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, name,
+                   " must be float16 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), name, " dtype ", t.scalar_type(), " != q dtype ",
+                   q.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK_VALUE(t.dim() == 4, name, " must be (B, H, N, head_dim), got ", t.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), name, " shape ", t.sizes(), " != q shape ", q.sizes());
+  const int64_t d = t.size(3);
+  TORCH_CHECK_VALUE(d == 32 || d == 64 || d == 128, name, " head_dim must be 32, 64 or 128 here, got ", d,
+                    " (the Python wrapper pads other head dims)");
+  TORCH_CHECK_VALUE(t.stride(3) == 1, name, " must be contiguous in its last dimension, got strides ",
+                    t.strides());
+}
+
+// cp.async moves 16-byte chunks: rows must start on 16-byte boundaries. Otherwise copy once.
+at::Tensor aligned(const at::Tensor &t) {
+  const bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 8 == 0 &&
+                  t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0;
+  return ok ? t : t.contiguous();
+}
+
+Strides strides(const at::Tensor &t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+template <typename F> void dispatch(at::ScalarType dtype, int64_t d, F &&f) {
+  const bool bf16 = dtype == at::kBFloat16;
+#define VITK_CASE(D)                                                      \
+  if (d == D) {                                                           \
+    bf16 ? f(std::integral_constant<int, vitk::kBFloat16>{}, std::integral_constant<int, D>{}) \
+         : f(std::integral_constant<int, vitk::kFloat16>{}, std::integral_constant<int, D>{});  \
+    return;                                                               \
+  }
+  VITK_CASE(32) VITK_CASE(64) VITK_CASE(128)
+#undef VITK_CASE
+}
+
+void check_launch(cudaError_t err, const char *what) {
+  TORCH_CHECK(err == cudaSuccess, what, " launch failed: ", cudaGetErrorString(err));
+}
+
+std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_qkv(q, "q", q);
+  check_qkv(k, "k", q);
+  check_qkv(v, "v", q);
+  TORCH_CHECK_VALUE(softmax_scale > 0, "softmax_scale must be > 0, got ", softmax_scale);
+  const c10::cuda::CUDAGuard guard(q.device());
+  q = aligned(q), k = aligned(k), v = aligned(v);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
+  TORCH_CHECK_VALUE(H <= 65535 && B <= 65535, "B and H must be <= 65535 (grid limits), got ", B, ", ", H);
+  auto out = at::empty({B, H, N, d}, q.options());
+  auto lse = at::empty({B, H, N}, q.options().dtype(at::kFloat));
+  if (B * H * N == 0) return {out, lse};
+  vitk::FwdParams p{};
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_st = strides(q), p.k_st = strides(k), p.v_st = strides(v), p.out_st = strides(out);
+  p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
+    check_launch(vitk::run_fwd<decltype(dt)::value, decltype(hd)::value>(p, stream), "attention forward");
+  });
+  return {out, lse};
+}
+
+std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                            at::Tensor lse, double softmax_scale) {
+  check_qkv(q, "q", q);
+  check_qkv(k, "k", q);
+  check_qkv(v, "v", q);
+  TORCH_CHECK_VALUE(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "dout and out must have q's shape");
+  TORCH_CHECK_TYPE(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+                   "dout and out must have q's dtype");
+  TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "lse must be float32");
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
+  q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
+  lse = lse.contiguous();
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
+  auto dq_accum = at::zeros({B, H, N, d}, q.options().dtype(at::kFloat));
+  auto dk = at::empty({B, H, N, d}, q.options());
+  auto dv = at::empty({B, H, N, d}, q.options());
+  auto delta = at::empty({B, H, N}, q.options().dtype(at::kFloat));
+  if (B * H * N == 0) return {dq_accum.to(q.scalar_type()), dk, dv};
+  vitk::BwdParams p{};
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr(), p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>(), p.delta = delta.data_ptr<float>(), p.dq_accum = dq_accum.data_ptr<float>();
+  p.dk = dk.data_ptr(), p.dv = dv.data_ptr();
+  p.q_st = strides(q), p.k_st = strides(k), p.v_st = strides(v), p.out_st = strides(out);
+  p.dout_st = strides(dout);
+  p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
+    check_launch(vitk::run_bwd<decltype(dt)::value, decltype(hd)::value>(p, stream), "attention backward");
+  });
+  return {dq_accum.to(q.scalar_type()), dk, dv};
+}
+
+at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
+  TORCH_CHECK_VALUE(a.is_cuda() && b.is_cuda() && a.device() == b.device(), "a and b must be on one CUDA device");
+  TORCH_CHECK_TYPE(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "a and b must be float32");
+  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), "a and b must have one shape, got ", a.sizes(), " and ", b.sizes());
+  const c10::cuda::CUDAGuard guard(a.device());
+  const auto ac = a.contiguous(), bc = b.contiguous();
+  auto c = at::empty_like(ac);
+  check_launch(vitk::run_vector_add(ac.data_ptr<float>(), bc.data_ptr<float>(), c.data_ptr<float>(), ac.numel(),
+                                    c10::cuda::getCurrentCUDAStream().stream()),
+               "vector_add");
+  return c;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync) and the vector-add example";
+  m.def("fwd", &fwd, "attention forward: (q, k, v, softmax_scale) -> [out, lse]");
+  m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
+  m.def("vector_add", &vector_add, "c = a + b, float32");
+}

@@ -1,0 +1,3 @@
+// Backward instantiation: fp16, head_dim 64.
+#include "bwd.cuh"
+VITK_INSTANTIATE_BWD(kFloat16, 64)

@@ -1,0 +1,3 @@
+// Forward instantiation: bf16, head_dim 32.
+#include "fwd.cuh"
+VITK_INSTANTIATE_FWD(kBFloat16, 32)

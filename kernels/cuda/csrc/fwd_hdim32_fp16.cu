@@ -1,0 +1,3 @@
+// Forward instantiation: fp16, head_dim 32.
+#include "fwd.cuh"
+VITK_INSTANTIATE_FWD(kFloat16, 32)

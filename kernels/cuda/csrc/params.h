@@ -1,0 +1,41 @@
+// Plain parameter structs shared by the host binding (api.cpp) and the kernels (*.cu).
+// No torch here, so the kernels compile with nvcc alone (the CPU CI's SASS check does that).
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace vitk {
+
+enum DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// Strides are in elements; the last dimension (head_dim) is contiguous. (B, H, N, d) layout.
+struct Strides {
+  int64_t batch, head, row;
+};
+
+struct FwdParams {
+  const void *q, *k, *v;
+  void *out;                 // (B, H, N, d), contiguous
+  float *lse;                // (B, H, N) float32, natural log
+  Strides q_st, k_st, v_st, out_st;
+  int B, H, N;
+  float softmax_scale;       // > 0
+};
+
+struct BwdParams {
+  const void *q, *k, *v, *out, *dout;
+  const float *lse;          // (B, H, N) from the forward
+  float *delta;              // (B, H, N) scratch: rowsum(dout * out)
+  float *dq_accum;           // (B, H, N, d) float32, zero-initialised; dq before the cast
+  void *dk, *dv;             // (B, H, N, d), contiguous
+  Strides q_st, k_st, v_st, out_st, dout_st;
+  int B, H, N;
+  float softmax_scale;
+};
+
+// One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
+template <int DTYPE, int D> cudaError_t run_fwd(const FwdParams &p, cudaStream_t stream);
+template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t stream);
+cudaError_t run_vector_add(const float *a, const float *b, float *c, int64_t n, cudaStream_t stream);
+
+}  // namespace vitk

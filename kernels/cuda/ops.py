@@ -1,0 +1,55 @@
+"""The CUDA kernels as ``torch.library`` custom ops, with fake (meta) kernels and autograd.
+
+``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` and
+``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale) -> (dq, dk, dv)``: raw launchers
+over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
+contiguous; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
+Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .build import extension
+
+
+@torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
+def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> tuple[Tensor, Tensor]:
+    out, lse = extension().fwd(q, k, v, softmax_scale)
+    return out, lse
+
+
+@attn_fwd.register_fake
+def _(q, k, v, softmax_scale):
+    B, H, N, d = q.shape
+    return q.new_empty((B, H, N, d)), q.new_empty((B, H, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("vit_cuda::attn_bwd", mutates_args=())
+def attn_bwd(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = extension().bwd(dout, q, k, v, out, lse, softmax_scale)
+    return dq, dk, dv
+
+
+@attn_bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale)
+    return dq, dk, dv, None
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,276 @@
+"""CUDA C++ attention backend (kernels/cuda).
+
+CPU (CI): every kernel source compiles with nvcc for sm_80 and sm_90, the attention kernels'
+SASS holds tensor-core instructions (HMMA) and ptxas reports no spills; the wrapper's input
+validation raises the documented errors before touching a GPU or the extension.
+GPU: forward and dq, dk, dv against float64 (error ≤ 2× naive's at the same dtype), awkward
+seq_len and head_dim, eager and torch.compile(fullgraph=True), strided inputs.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import check_against_reference, make_qkv, max_err, reference_attention
+
+from kernels import get_attention
+from kernels.cuda import attention, build, check_inputs
+
+ARCHES = ("sm_80", "sm_90")
+# torch's cpp_extension defines these for every .cu; compile the same way.
+TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                      "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from PATH, CUDA_HOME, or the copy that Triton's wheel carries."""
+    candidates = [shutil.which("cuobjdump")]
+    nvcc = build.find_nvcc()
+    if nvcc:
+        candidates.append(str(Path(nvcc).parent / "cuobjdump"))
+    try:
+        import triton
+
+        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def cubins(tmp_path_factory):
+    """Compile every kernel source once per arch: {(arch, file name): (cubin path, ptxas report)}."""
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found: install the CUDA toolkit and set CUDA_HOME=/usr/local/cuda")
+    out = tmp_path_factory.mktemp("cubins")
+    jobs = [(arch, src) for arch in ARCHES for src in build.sources() if src.suffix == ".cu"]
+
+    def compile_one(job):
+        arch, src = job
+        cubin = out / f"{src.stem}.{arch}.cubin"
+        cmd = [nvcc, "-cubin", f"-arch={arch}", *build.NVCC_FLAGS, "-std=c++17", *TORCH_NVCC_DEFINES,
+               "-Xptxas", "-v", "-I", str(build.CSRC), str(src), "-o", str(cubin)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        return job, cubin, proc
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(compile_one, jobs))
+    for (arch, src), _, proc in results:
+        assert proc.returncode == 0, f"nvcc failed on {src.name} for {arch}:\n{proc.stderr}"
+    return {(arch, src.name): (cubin, proc.stderr) for (arch, src), cubin, proc in results}
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_attention_sass_uses_tensor_cores(cubins, arch):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (CUDA toolkit or the triton wheel carries it)")
+    names = [name for (a, name) in cubins if a == arch and name.startswith(("fwd_", "bwd_"))]
+    assert len(names) == 12, names  # 2 dtypes x 3 head dims x (fwd, bwd)
+    for name in names:
+        sass = subprocess.run([tool, "--dump-sass", str(cubins[(arch, name)][0])], capture_output=True,
+                              text=True, check=True).stdout
+        assert re.search(r"\bH(G)?MMA\.", sass), f"{name} ({arch}): no HMMA/HGMMA in the SASS"
+        assert "LDSM" in sass, f"{name} ({arch}): no ldmatrix (LDSM) in the SASS"
+        assert "LDGSTS" in sass, f"{name} ({arch}): no cp.async (LDGSTS) in the SASS"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_kernels_do_not_spill(cubins, arch):
+    for (a, name), (_, report) in cubins.items():
+        if a != arch:
+            continue
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills, f"{name}: no ptxas report"
+        assert all(s == ("0", "0") for s in spills), f"{name} ({arch}) spills registers:\n{report}"
+
+
+def test_vector_add_sass_uses_16_byte_accesses(cubins):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found")
+    sass = subprocess.run([tool, "--dump-sass", str(cubins[("sm_90", "vector_add.cu")][0])], capture_output=True,
+                          text=True, check=True).stdout
+    assert re.search(r"LDG\.E\.128", sass) and re.search(r"STG\.E\.128", sass), "vector add lost its float4 path"
+
+
+# --- input validation (no GPU, no extension) ---
+
+def _qkv(shape=(2, 3, 17, 64), dtype=torch.bfloat16):
+    return [torch.randn(shape).to(dtype) for _ in range(3)]
+
+
+def test_rejects_float32():
+    q, k, v = _qkv(dtype=torch.float32)
+    with pytest.raises(TypeError, match="float16 and bfloat16"):
+        check_inputs(q, k, v)
+
+
+def test_rejects_mixed_dtypes():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="one dtype"):
+        check_inputs(q, k.half(), v)
+
+
+def test_rejects_non_tensor():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        check_inputs(q, [[1.0]], v)
+
+
+@pytest.mark.parametrize("shape_k", [(2, 3, 16, 64), (2, 3, 17, 32), (6, 17, 64)])
+def test_rejects_shape_mismatch(shape_k):
+    q, _, v = _qkv()
+    k = torch.randn(shape_k).bfloat16()
+    with pytest.raises(ValueError, match="shape|B, H, N"):
+        check_inputs(q, k, v)
+
+
+def test_rejects_large_head_dim():
+    q, k, v = _qkv((1, 2, 8, 160))
+    with pytest.raises(ValueError, match="head_dim"):
+        check_inputs(q, k, v)
+
+
+def test_rejects_empty():
+    q, k, v = _qkv((1, 2, 0, 64))
+    with pytest.raises(ValueError, match="≥ 1"):
+        check_inputs(q, k, v)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), "0.1"])
+def test_rejects_bad_softmax_scale(scale):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="softmax_scale"):
+        check_inputs(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cpu_tensors_without_gpu_say_so():
+    q, k, v = _qkv()
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        get_attention("cuda")(q, k, v)
+
+
+def test_missing_nvcc_says_how_to_fix(monkeypatch):
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    build.extension.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="CUDA_HOME"):
+            build.extension()
+    finally:
+        build.extension.cache_clear()
+
+
+def test_arch_list_defaults_and_override(monkeypatch):
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert build.arch_list() == "9.0"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    expected = "{}.{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else "8.0;9.0"
+    assert build.arch_list() == expected
+
+
+# --- GPU: accuracy against float64 ---
+
+SEQ_LENS = (1, 17, 197, 577, 1025, 4096)
+HEAD_DIMS = (32, 64, 80, 128)  # 80 runs padded to 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("seq_len", SEQ_LENS)
+def test_matches_float64(seq_len, head_dim, dtype):
+    B, H = (1, 2) if seq_len >= 1025 else (2, 3)
+    q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+def test_custom_softmax_scale():
+    q, k, v = make_qkv(2, 2, 65, 64, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v, softmax_scale=0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_strided_qkv_from_fused_projection(dtype):
+    B, N, H, d = 2, 197, 4, 64
+    qkv = torch.randn(B, N, 3, H, d, device="cuda").to(dtype)  # as the ViT's fused qkv Linear
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views, row stride 3*H*d
+    assert not q.is_contiguous()
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+def test_non_unit_last_stride_and_misaligned_rows():
+    q, k, v = make_qkv(2, 2, 100, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride N
+    wide = torch.randn(2, 2, 100, 65, device="cuda").bfloat16()
+    kw = wide[..., 1:]  # rows start 2 bytes past 16-byte boundaries
+    kw.copy_(k)
+    out = attention(qt, kw, v)
+    ref, _ = reference_attention(q, k, v)
+    naive_err = max_err(get_attention("naive")(q, k, v), ref)
+    assert max_err(out, ref) <= 2 * naive_err + 1e-4
+
+
+@pytest.mark.gpu
+def test_output_fully_written_and_deterministic_forward():
+    q, k, v = make_qkv(3, 2, 577, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    out1, out2 = attention(q, k, v), attention(q, k, v)
+    assert torch.isfinite(out1).all()
+    assert torch.equal(out1, out2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_torch_compile_fullgraph(head_dim):
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, fullgraph=True)
+    q, k, v = make_qkv(2, 3, 197, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(compiled, q, k, v)
+
+
+@pytest.mark.gpu
+def test_trains_inside_compiled_module():
+    """A tiny attention block, compiled whole: loss falls, no graph break."""
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(64, 3 * 64, device="cuda", dtype=torch.bfloat16)
+
+    def block(x):
+        B, N, C = x.shape
+        q, k, v = proj(x).reshape(B, N, 3, 2, C // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        return attention(q, k, v).transpose(1, 2).reshape(B, N, C)
+
+    compiled = torch.compile(block, fullgraph=True)
+    x = torch.randn(4, 50, 64, device="cuda", dtype=torch.bfloat16)
+    target = torch.randn_like(x)
+    opt = torch.optim.SGD(proj.parameters(), lr=0.5)
+    losses = []
+    for _ in range(20):
+        loss = (compiled(x).float() - target.float()).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+
+
+def test_fake_kernel_gives_shapes_without_a_gpu():
+    """The registered fake (meta) kernel: what torch.compile traces with; padding 80 -> 128 and back."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = (torch.empty(2, 3, 197, 80, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        out = attention(q, k, v)
+        assert out.shape == (2, 3, 197, 80) and out.dtype == torch.bfloat16
+        out128, lse = torch.ops.vit_cuda.attn_fwd(*(torch.empty(1, 2, 5, 128, dtype=torch.float16, device="cuda")
+                                                    for _ in range(3)), 0.1)
+        assert out128.shape == (1, 2, 5, 128) and lse.shape == (1, 2, 5) and lse.dtype == torch.float32
