@@ -1,0 +1,189 @@
+"""Train a ViT: ``python train.py [key=value ...]`` (Hydra; see configs/train.yaml).
+
+``train(cfg)`` is plain and testable (tests build ``cfg`` with ``hydra.compose``); ``main`` is the
+``@hydra.main`` wrapper. Outputs go to ``out_dir`` (default: the Hydra run dir, outputs/<date>/<time>):
+``checkpoints/step_XXXXXXXX.pt`` (last ``checkpoint.keep_last``), ``checkpoints/best.pt`` (weights of
+the best validation top-1) and ``wandb/`` (the W&B run).
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
+from omegaconf import DictConfig, OmegaConf
+
+from vit.build import (build_model, build_optimizer, build_scheduler, check_train_config, model_args,
+                       resolve_amp, resolve_backend, resolve_device)
+from vit.checkpoint import (capture_rng_state, find_latest_checkpoint, load_checkpoint, load_model_weights,
+                            prune_checkpoints, restore_rng_state, save_checkpoint, step_checkpoint_path)
+from vit.data import build_data
+from vit.engine import TrainState, evaluate, train_epoch
+from vit.logger import RunLogger, environment
+from vit.wrap import apply_compile, apply_grad_ckpt, unwrap
+
+
+def resolve_out_dir(cfg) -> Path:
+    """``out_dir`` if set (relative to the launch directory), else the Hydra run dir."""
+    if cfg.out_dir:
+        return Path(to_absolute_path(cfg.out_dir))
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(to_absolute_path(time.strftime("outputs/%Y-%m-%d/%H-%M-%S")))
+
+
+def find_resume(spec: str | None, ckpt_dir: Path) -> tuple[Path, dict] | None:
+    """``resume=null``: none; ``auto``: newest complete checkpoint in ``ckpt_dir`` (none is fine);
+    a path: that checkpoint (must exist)."""
+    if spec is None:
+        return None
+    if spec == "auto":
+        found = find_latest_checkpoint(ckpt_dir)
+        print(f"[resume] resume=auto: {'found ' + str(found[0]) if found else 'no checkpoint in ' + str(ckpt_dir)}")
+        return found
+    path = Path(to_absolute_path(spec))
+    return path, load_checkpoint(path)
+
+
+def check_compatible(ckpt: dict, path: Path, margs: dict, classes: list[str]) -> None:
+    """The checkpoint was made for this model and these classes (RuntimeError naming what differs)."""
+    diff = {k: (ckpt["model_args"].get(k), v) for k, v in margs.items()
+            if k in ("size", "img_size", "patch_size", "num_classes") and ckpt["model_args"].get(k) != v}
+    if diff:
+        what = ", ".join(f"{k}: {a} in checkpoint, {b} in this run" for k, (a, b) in diff.items())
+        raise RuntimeError(f"cannot resume from {path}: the model differs ({what}); "
+                           f"resume with the model=/data= settings the checkpoint was made with")
+    if ckpt["classes"] != classes:
+        raise RuntimeError(f"cannot resume from {path}: its classes differ from the dataset's ({len(ckpt['classes'])} "
+                           f"vs {len(classes)} classes); use the same data.root")
+
+
+def train(cfg: DictConfig) -> dict:
+    """Train per ``cfg``; return the final metrics, per-epoch history and output paths.
+
+    Raises:
+        ValueError: invalid config values (before any work), missing data root, class mismatch.
+        FileNotFoundError: dataset folder or checkpoint not found, empty class folder.
+        RuntimeError: unavailable attention backend; incompatible checkpoint.
+        vit.engine.NonFiniteLossError: non-finite loss under ``nonfinite.policy``.
+    """
+    check_train_config(cfg)
+    rank, world_size = 0, 1  # distributed launch sets these (issue 6)
+    out_dir = resolve_out_dir(cfg)
+    ckpt_dir = out_dir / "checkpoints"
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    backend = resolve_backend(cfg.attention.name, device)
+    amp_dtype = resolve_amp(cfg.amp, device)
+    micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
+    if micro_batch * cfg.grad_accum * world_size != cfg.batch_size:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by grad_accum × world size "
+                         f"= {cfg.grad_accum * world_size}")
+    data = build_data(cfg.data, micro_batch, cfg.eval_batch_size, device, cfg.seed, world_size, rank)
+    per_rank = data.sampler.per_rank() if data.sampler is not None else len(data.train_loader) * micro_batch
+    steps_per_epoch = per_rank // micro_batch // cfg.grad_accum
+    if steps_per_epoch == 0:
+        raise ValueError(f"batch_size={cfg.batch_size} is larger than the training set ({per_rank * world_size} "
+                         f"images); lower batch_size")
+
+    margs = model_args(cfg, len(data.classes))
+    model = build_model(margs, backend).to(device)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
+    state = TrainState()
+    resume = find_resume(cfg.resume, ckpt_dir)
+    if resume is not None:
+        path, ckpt = resume
+        check_compatible(ckpt, path, margs, data.classes)
+        load_model_weights(model, ckpt["model"], source=str(path))
+        optimizer.load_state_dict(ckpt["optimizer"])
+        state = TrainState(**{k: ckpt[k] for k in TrainState().state_dict()})
+        restore_rng_state(ckpt["rng"])
+        scheduler.step_update(state.step)
+        print(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
+              f"{f' (mid-epoch, step {state.step_in_epoch} of {steps_per_epoch})' if state.step_in_epoch else ''}")
+    model = apply_grad_ckpt(model, cfg)
+    model = apply_compile(model, cfg)
+
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    env = environment(backend, device)
+    logger = RunLogger(cfg.logger, out_dir, {**cfg_dict, "env": env, "out_dir": str(out_dir),
+                                             "resumed_from": str(resume[0]) if resume else None}, rank)
+    logger.print(f"[run] {out_dir} | model {margs['size']} (patch {margs['patch_size']}, img {margs['img_size']}, "
+                 f"N={unwrap(model).seq_len}) | attention {backend} | device {device} | "
+                 f"{steps_per_epoch} steps/epoch × {cfg.epochs} epochs, batch {cfg.batch_size}")
+
+    def payload(with_optimizer: bool = True) -> dict:
+        out = {"model": unwrap(model).state_dict(), **state.state_dict(),
+               "sampler": {"epoch": state.epoch, "position": state.step_in_epoch * cfg.grad_accum * micro_batch},
+               "rng": capture_rng_state(), "config": cfg_dict, "model_args": margs, "classes": list(data.classes),
+               "backend": backend, "metrics": last_val}
+        if with_optimizer:
+            out["optimizer"] = optimizer.state_dict()
+        return out
+
+    def save_step() -> Path:
+        path = save_checkpoint(step_checkpoint_path(ckpt_dir, state.step), payload())
+        prune_checkpoints(ckpt_dir, cfg.checkpoint.keep_last)
+        return path
+
+    def on_step_end(s: TrainState) -> None:
+        every = cfg.checkpoint.every_steps
+        if rank == 0 and every > 0 and s.step % every == 0 and s.step_in_epoch < steps_per_epoch:
+            save_step()
+
+    last_val, history, last_path, t_start = {}, [], None, time.perf_counter()
+    for epoch in range(state.epoch, cfg.epochs):
+        data.set_epoch(epoch, position=state.step_in_epoch * cfg.grad_accum * micro_batch)
+        train_loss = train_epoch(
+            model, data.train_loader, optimizer, scheduler, state, device=device, amp_dtype=amp_dtype,
+            grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, label_smoothing=cfg.label_smoothing,
+            steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
+            nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
+            backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress)
+        last_val = evaluate(model, data.val_loader, device, amp_dtype)
+        state.epoch, state.step_in_epoch = epoch + 1, 0
+        logger.log({**{f"val/{k}": v for k, v in last_val.items() if k != "images"}, "epoch": state.epoch},
+                   step=state.step, prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
+        history.append({"epoch": state.epoch, "train_loss": train_loss, **{f"val_{k}": v for k, v in last_val.items()}})
+        improved = last_val["top1"] > state.best_top1
+        state.best_top1 = max(state.best_top1, last_val["top1"])
+        if rank == 0:
+            last_path = save_step()
+            if improved:
+                save_checkpoint(ckpt_dir / "best.pt", payload(with_optimizer=False))
+    train_seconds = time.perf_counter() - t_start
+
+    summary = {"final/val_top1": last_val.get("top1"), "final/val_top5": last_val.get("top5"),
+               "final/val_loss": last_val.get("loss"), "best/val_top1": state.best_top1,
+               "train_seconds": train_seconds}
+    logger.summary(summary)
+    wandb_dir = logger.run_dir
+    logger.finish()
+    result = {"val": last_val, "best_top1": state.best_top1, "history": history, "out_dir": str(out_dir),
+              "checkpoint": str(last_path) if last_path else None, "best_checkpoint": str(ckpt_dir / "best.pt"),
+              "wandb_dir": wandb_dir, "backend": backend, "train_seconds": train_seconds, "steps": state.step}
+    if rank == 0 and last_val:
+        print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, loss {last_val['loss']:.4f}) "
+              f"after {state.epoch} epochs, {train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
+        print(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
+        print(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
+              else "W&B run:    none (logger=none)")
+        print(f"evaluate:   python eval.py checkpoint={last_path}")
+    return result
+
+
+@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()

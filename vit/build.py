@@ -1,0 +1,119 @@
+"""Turn a resolved config into the pieces of a run: checks, device, backend, model, optimizer, schedule.
+
+Shared by train.py and eval.py so both read config keys the same way.
+"""
+from __future__ import annotations
+
+import torch
+from timm.optim import param_groups_weight_decay
+from timm.scheduler import CosineLRScheduler
+
+from kernels import available_backends, get_attention
+from vit.model import SIZES, VisionTransformer, create_model
+
+NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # plus every 1-D parameter (biases, norms)
+
+
+def _require(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"invalid config value {key}={value!r}: {allowed}")
+
+
+def check_train_config(cfg) -> None:
+    """Fail before any work on values that cannot run, naming the key, the value and what is allowed.
+
+    Raises:
+        ValueError: see the message.
+    """
+    _require(isinstance(cfg.epochs, int) and cfg.epochs >= 1, "epochs", cfg.epochs, "a positive integer")
+    _require(isinstance(cfg.batch_size, int) and cfg.batch_size >= 1, "batch_size", cfg.batch_size,
+             "a positive integer (the global batch: images per optimizer step)")
+    _require(isinstance(cfg.grad_accum, int) and cfg.grad_accum >= 1, "grad_accum", cfg.grad_accum, "an integer >= 1")
+    _require(cfg.batch_size % cfg.grad_accum == 0, "batch_size", cfg.batch_size,
+             f"a multiple of grad_accum={cfg.grad_accum}")
+    _require(cfg.log_every >= 1, "log_every", cfg.log_every, "an integer >= 1")
+    _require(cfg.clip_grad >= 0, "clip_grad", cfg.clip_grad, "a max gradient norm >= 0 (0 = no clipping)")
+    _require(0 <= cfg.label_smoothing < 1, "label_smoothing", cfg.label_smoothing, "a value in [0, 1)")
+    _require(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "a positive learning rate")
+    _require(cfg.nonfinite.policy in ("stop", "skip"), "nonfinite.policy", cfg.nonfinite.policy, "'stop' or 'skip'")
+    _require(cfg.amp in ("auto", "bf16", "fp16", "none"), "amp", cfg.amp, "one of auto, bf16, fp16, none")
+    _require(cfg.resume is None or isinstance(cfg.resume, str), "resume", cfg.resume, "null, 'auto' or a path")
+    check_model_config(cfg)
+
+
+def check_model_config(cfg) -> None:
+    """Model size, patch/image size and backend names are valid (raises ValueError)."""
+    _require(cfg.model.size in SIZES, "model.size", cfg.model.size, f"one of {', '.join(SIZES)}")
+    _require(cfg.attention.name in (*available_backends(), "auto"), "attention.name", cfg.attention.name,
+             f"one of auto, {', '.join(available_backends())} (set it with attention=<name>)")
+    img, patch = cfg.data.img_size, cfg.model.patch_size
+    _require(isinstance(patch, int) and patch >= 1, "model.patch_size", patch, "a positive integer")
+    _require(isinstance(img, int) and img >= patch and img % patch == 0, "data.img_size", img,
+             f"a multiple of model.patch_size={patch}")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name} was requested but no CUDA GPU is visible; use device=cpu or device=auto")
+    return device
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """The attention backend to run: ``auto`` -> ``flash`` on a CUDA device, ``naive`` otherwise.
+
+    The backend is imported here so that a missing one stops the run before training, never
+    falling back to another.
+
+    Raises:
+        ValueError: unknown name (lists the valid ones).
+        RuntimeError: the backend cannot be imported or cannot run here; says how to fix it.
+    """
+    if name == "auto":
+        name = "flash" if device.type == "cuda" else "naive"
+        print(f"[attention] attention=auto chose {name!r} (device {device.type})")
+    try:
+        get_attention(name)
+    except ImportError as e:
+        raise RuntimeError(f"attention backend {name!r} is not available here: {type(e).__name__}: {e}. "
+                           f"It lives in kernels/{name}/; install/build it, or choose another backend with "
+                           f"attention=naive or attention=sdpa (no automatic fallback)") from e
+    return name
+
+
+def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype: ``auto`` -> bf16 on CUDA, none on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[name]
+
+
+def model_args(cfg, num_classes: int) -> dict:
+    """Arguments of :func:`vit.model.create_model` from a config; stored in checkpoints."""
+    m = cfg.model
+    return dict(size=m.size, img_size=cfg.data.img_size, patch_size=m.patch_size, num_classes=num_classes,
+                drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
+
+
+def build_model(args: dict, backend: str) -> VisionTransformer:
+    args = dict(args)
+    return create_model(args.pop("size"), attention=backend, **args)
+
+
+def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """AdamW (Loshchilov & Hutter, 2019) without weight decay on 1-D params, pos_embed and cls_token."""
+    o = cfg.optim
+    groups = param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int) -> CosineLRScheduler:
+    """Per-step linear warmup then cosine decay to ``schedule.min_lr`` (timm ``CosineLRScheduler``)."""
+    s = cfg.schedule
+    total = cfg.epochs * steps_per_epoch
+    warmup = min(int(round(s.warmup_epochs * steps_per_epoch)), max(total - 1, 0))
+    return CosineLRScheduler(optimizer, t_initial=total, lr_min=s.min_lr, warmup_t=warmup,
+                             warmup_lr_init=s.warmup_lr_init, t_in_epochs=False)

@@ -1,0 +1,269 @@
+"""Data: ImageNet-style folders, timm transforms, the embedded digits export, synthetic batches.
+
+Every real dataset is a folder ``root/train/<class>/*`` and ``root/val/<class>/*`` read by
+:func:`build_imagefolder`. The default, scikit-learn's bundled handwritten digits (1797 8×8 images,
+10 classes; no download), is exported once to that same layout (upscaled to 32×32, fixed stratified
+80/20 split), so the default run exercises the real image-folder path.
+
+Resumable order: :class:`ResumableSampler` gives the same permutation for a given (seed, epoch) and
+can start at any position, and :class:`SeededDataset` draws each sample's augmentation from a seed
+made of (seed, epoch, index), so a run restarted mid-epoch sees exactly the samples and augmentations
+the uninterrupted run would have seen, whatever the number of loader workers.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
+
+
+def default_cache_dir() -> Path:
+    """``$VIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vit-kernels``, else ``~/.cache/vit-kernels``."""
+    if os.environ.get("VIT_CACHE_DIR"):
+        return Path(os.environ["VIT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit-kernels"
+
+
+def export_digits(root: str | os.PathLike | None = None) -> Path:
+    """Write sklearn's digits once as PNGs under ``root/{train,val}/<digit>/<index>.png``; return root.
+
+    The split is stratified 80/20 with a fixed seed (1437 train, 360 val images). Images are 8-bit
+    grayscale (the loader converts them to RGB), 8×8 upscaled to 32×32 bicubic. The export is
+    written to a temporary folder and renamed into place, so concurrent or killed exports never
+    leave a half-written dataset. ``root=None`` uses :func:`default_cache_dir` ``/ "digits"``.
+    """
+    root = Path(root) if root is not None else default_cache_dir() / "digits"
+    if (root / ".complete").exists():
+        return root
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    images, labels = load_digits(return_X_y=True)  # (1797, 64) in 0..16, (1797,)
+    train_idx, val_idx = train_test_split(np.arange(len(labels)), test_size=0.2, stratify=labels, random_state=0)
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for split, idx in (("train", train_idx), ("val", val_idx)):
+        for i in idx:
+            pixels = np.clip(images[i].reshape(8, 8) * (255 / 16), 0, 255).round().astype(np.uint8)
+            img = Image.fromarray(pixels, mode="L").resize((DIGITS_SIZE, DIGITS_SIZE), Image.BICUBIC)
+            folder = tmp / split / str(labels[i])
+            folder.mkdir(parents=True, exist_ok=True)
+            img.save(folder / f"{i:04d}.png")
+    (tmp / ".complete").touch()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, root)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (root / ".complete").exists():
+            raise
+    return root
+
+
+def rgb_loader(path: str) -> Image.Image:
+    """Open an image file and convert it to 3-channel RGB (grayscale, palette, RGBA, CMYK...)."""
+    with open(path, "rb") as f:
+        return Image.open(f).convert("RGB")
+
+
+def build_imagefolder(root: str | os.PathLike, split: str, transform) -> Dataset:
+    """The ``root/split/<class>/*`` folder as a dataset of (transformed RGB image, class index).
+
+    Classes are the sub-folder names in sorted order (torchvision ``ImageFolder``).
+
+    Raises:
+        FileNotFoundError: ``root/split`` does not exist, or a class folder holds no image.
+    """
+    from torchvision.datasets import ImageFolder
+
+    folder = Path(root) / split
+    if not folder.is_dir():
+        raise FileNotFoundError(f"dataset folder {folder} does not exist; data.root must hold "
+                                f"train/<class>/ and val/<class>/ sub-folders (set data.root=/path/to/dataset)")
+    try:
+        return ImageFolder(str(folder), transform=transform, loader=rgb_loader)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} under {folder}: every class folder needs at least one image "
+                                f"(.jpg, .jpeg, .png, ...); remove empty class folders or add images") from None
+
+
+def build_transform(cfg, is_training: bool):
+    """timm transform from a ``data`` config: RandomResizedCrop/flip/RandAugment for training,
+    resize + center crop (``crop_pct``) for evaluation; normalised float (3, S, S) output."""
+    common = dict(input_size=cfg.img_size, interpolation=cfg.interpolation, mean=tuple(cfg.mean), std=tuple(cfg.std))
+    if not is_training:
+        return create_transform(**common, is_training=False, crop_pct=cfg.crop_pct)
+    aug = cfg.train_aug
+    return create_transform(**common, is_training=True, scale=tuple(aug.scale), ratio=tuple(aug.ratio),
+                            hflip=aug.hflip, color_jitter=aug.color_jitter, auto_augment=aug.auto_augment,
+                            re_prob=aug.re_prob)
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset so sample ``i`` in epoch ``e`` is augmented with RNGs seeded from (seed, e, i).
+
+    The torch, numpy and python RNGs are seeded for the call and restored afterwards, so the
+    caller's random streams (dropout, drop-path) are untouched when loading in the main process.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed, self.epoch = dataset, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        sample_seed = hash((self.seed, self.epoch, index)) % (2**32)  # ints hash deterministically
+        py_state, np_state = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed)
+            random.seed(sample_seed)
+            np.random.seed(sample_seed)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(py_state)
+                np.random.set_state(np_state)
+
+
+class ResumableSampler(Sampler[int]):
+    """Indices of one epoch, reproducible from (seed, epoch), startable at any position.
+
+    With ``num_replicas > 1`` the permutation is padded to a multiple of ``num_replicas`` and rank
+    ``r`` takes every ``num_replicas``-th index from ``r`` (as ``DistributedSampler``).
+    ``position`` counts this rank's samples already consumed in the epoch.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0):
+        self.num_samples, self.shuffle, self.seed = num_samples, shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.position = 0, 0
+
+    def set_epoch(self, epoch: int, position: int = 0) -> None:
+        self.epoch, self.position = epoch, position
+
+    def per_rank(self) -> int:
+        return -(-self.num_samples // self.num_replicas)
+
+    def __iter__(self):
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=gen)
+        else:
+            order = torch.arange(self.num_samples)
+        total = self.per_rank() * self.num_replicas
+        order = torch.cat([order, order[: total - self.num_samples]])  # pad by wrapping
+        yield from order[self.rank::self.num_replicas][self.position:].tolist()
+
+    def __len__(self) -> int:
+        return self.per_rank() - self.position
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+
+class SyntheticLoader:
+    """Random (B, 3, S, S) images and labels made on the device, for throughput runs (no I/O).
+
+    The labels are random, so accuracy on this data means nothing; time and memory do.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, img_size: int, num_classes: int, device, seed: int):
+        self.num_batches = num_samples // batch_size
+        self.shape = (batch_size, 3, img_size, img_size)
+        self.num_classes, self.device, self.seed = num_classes, torch.device(device), seed
+        self.dataset = range(self.num_batches * batch_size)
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        gen = torch.Generator(device=self.device).manual_seed(self.seed)
+        for _ in range(self.num_batches):
+            x = torch.randn(self.shape, generator=gen, device=self.device)
+            y = torch.randint(0, self.num_classes, (self.shape[0],), generator=gen, device=self.device)
+            yield x, y
+
+
+@dataclass
+class Data:
+    """What training needs from the data side."""
+    train_loader: object
+    val_loader: object
+    classes: list[str]
+    sampler: ResumableSampler | None  # None for synthetic data
+    train_set: SeededDataset | None
+
+    def set_epoch(self, epoch: int, position: int = 0) -> None:
+        """Select epoch ``epoch``'s order and augmentation, starting after ``position`` samples."""
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch, position)
+            self.train_set.epoch = epoch
+
+
+def data_root(cfg) -> Path:
+    """The dataset folder from a ``data`` config (relative paths are taken from the launch directory);
+    digits are exported on first use."""
+    from hydra.utils import to_absolute_path
+
+    root = to_absolute_path(cfg.root) if cfg.root else None
+    if cfg.name == "digits":
+        return export_digits(root)
+    if root is None:
+        raise ValueError(f"data.root is not set for data={cfg.name}; pass data.root=/path/to/dataset "
+                         f"(a folder with train/<class>/ and val/<class>/)")
+    return Path(root)
+
+
+def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_replicas: int = 1,
+               rank: int = 0) -> Data:
+    """Loaders for a ``data`` config (``digits``, ``imagefolder`` or ``synthetic``).
+
+    Raises:
+        FileNotFoundError: missing dataset folder or empty class folder.
+        ValueError: train and val class folders differ; no root set.
+    """
+    if cfg.name == "synthetic":
+        train = SyntheticLoader(cfg.train_samples, micro_batch, cfg.img_size, cfg.num_classes, device, seed)
+        val = SyntheticLoader(cfg.val_samples, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 1)
+        return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
+    root = data_root(cfg)
+    train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True))
+    val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False))
+    if train_set.classes != val_set.classes:
+        only_train = sorted(set(train_set.classes) - set(val_set.classes))
+        only_val = sorted(set(val_set.classes) - set(train_set.classes))
+        raise ValueError(f"class folders differ between {root}/train and {root}/val: only in train {only_train}, "
+                         f"only in val {only_val}; both splits need the same class sub-folders")
+    seeded = SeededDataset(train_set, seed)
+    sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
+    pin = torch.device(device).type == "cuda"
+    workers = cfg.num_workers
+    # Own generators: creating an iterator then draws worker seeds without touching the global RNG,
+    # so a resumed run's dropout/drop-path stream matches the uninterrupted run's.
+    train = DataLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
+                       drop_last=True, persistent_workers=False, generator=torch.Generator().manual_seed(seed))
+    val = DataLoader(val_set, batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
+                     generator=torch.Generator().manual_seed(seed + 1))
+    return Data(train, val, train_set.classes, sampler, seeded)
+
+
+def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object, list[str]]:
+    """(val loader, class names) for a ``data`` config; only the val split is read."""
+    if cfg.name == "synthetic":
+        loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1)
+        return loader, [str(i) for i in range(cfg.num_classes)]
+    val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False))
+    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
+                        pin_memory=torch.device(device).type == "cuda", generator=torch.Generator().manual_seed(seed))
+    return loader, val_set.classes

@@ -1,0 +1,186 @@
+"""One training epoch, one validation pass, and the throughput/memory meters they report.
+
+Optimizer steps: one step consumes ``grad_accum`` micro-batches; the loss of each micro-batch is
+divided by ``grad_accum`` so the accumulated gradient is the mean over the step's images. The
+gradient norm is clipped (``clip_grad``; 0 = no clipping, the norm is still measured) and checked:
+a non-finite loss or gradient either stops the run or skips the step (``nonfinite.policy``).
+Scale-out hooks: ``reduce`` sums metric tensors across ranks (identity on one process).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+
+@dataclass
+class TrainState:
+    """Progress counters saved in every checkpoint."""
+    epoch: int = 0  # finished epochs
+    step: int = 0  # finished optimizer steps, all epochs
+    step_in_epoch: int = 0  # finished optimizer steps in the current epoch (> 0: mid-epoch)
+    best_top1: float = -1.0
+    nonfinite_skips: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm was NaN/inf and ``nonfinite.policy`` says stop (or the skip limit was hit)."""
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None):
+    """bf16/fp16 autocast context on CUDA when ``amp_dtype`` is set, else a no-op."""
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+
+def memory_peaks_mb(device: torch.device, reset: bool = True) -> dict:
+    """Peak allocated / reserved memory (MiB) on ``device`` since the last reset; 0 on CPU."""
+    if device.type != "cuda":
+        return {"peak_mem_allocated_mb": 0.0, "peak_mem_reserved_mb": 0.0}
+    peaks = {"peak_mem_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+             "peak_mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peaks
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class WindowMeter:
+    """Images, step time and data-wait time accumulated since the last :meth:`read`."""
+
+    def __init__(self, device: torch.device, seq_len: int):
+        self.device, self.seq_len = device, seq_len
+        self.start()
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.t0, self.images, self.steps, self.data_wait = time.perf_counter(), 0, 0, 0.0
+        self.loss_sum = torch.zeros((), device=self.device)
+
+    def read(self) -> dict:
+        synchronize(self.device)
+        elapsed = time.perf_counter() - self.t0
+        steps = max(self.steps, 1)
+        out = {"loss": (self.loss_sum / steps).item(),
+               "images_per_s": self.images / elapsed, "tokens_per_s": self.images * self.seq_len / elapsed,
+               "step_time_ms": 1000 * elapsed / steps, "data_wait_ms": 1000 * self.data_wait / steps,
+               **memory_peaks_mb(self.device)}
+        self.start()
+        return out
+
+
+def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, device: torch.device,
+                amp_dtype: torch.dtype | None, grad_accum: int, clip_grad: float, label_smoothing: float,
+                steps_per_epoch: int, world_size: int, log_every: int, nonfinite_policy: str, max_nonfinite_skips: int,
+                logger, backend: str, seq_len: int, on_step_end: Callable[[TrainState], None] | None = None,
+                progress: bool = True) -> float:
+    """Run optimizer steps from ``state.step_in_epoch`` to ``steps_per_epoch``; updates ``state``.
+
+    Returns the mean training loss over the steps run.
+
+    ``loader`` must already be positioned (sampler set to the epoch and the consumed samples).
+    ``on_step_end(state)`` runs after every optimizer step (mid-epoch checkpoints hook in here).
+
+    Raises:
+        NonFiniteLossError: a non-finite loss/gradient with ``nonfinite_policy='stop'``, or more
+            than ``max_nonfinite_skips`` skipped steps with ``'skip'``.
+    """
+    model.train()
+    meter = WindowMeter(device, seq_len)
+    it = iter(loader)
+    epoch_loss, epoch_steps = torch.zeros((), device=device), 0
+    bar = tqdm(total=steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}",
+               disable=not progress or logger.rank != 0, leave=False, dynamic_ncols=True)
+    while state.step_in_epoch < steps_per_epoch:
+        loss_sum = torch.zeros((), device=device)
+        images = 0
+        for _ in range(grad_accum):
+            t_wait = time.perf_counter()
+            x, y = next(it)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            meter.data_wait += time.perf_counter() - t_wait
+            with autocast(device, amp_dtype):
+                logits = model(x)  # (B, num_classes)
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+            images += x.shape[0]
+        max_norm = clip_grad if clip_grad > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if not bool(torch.isfinite(loss_sum) & torch.isfinite(grad_norm)):  # one host sync per step
+            state.nonfinite_skips += 1
+            where = (f"non-finite loss {loss_sum.item()} / grad norm {grad_norm.item()} at step {state.step + 1} "
+                     f"(epoch {state.epoch + 1}, step {state.step_in_epoch + 1} of the epoch)")
+            if nonfinite_policy == "stop" or state.nonfinite_skips > max_nonfinite_skips:
+                raise NonFiniteLossError(f"{where}; stopping (nonfinite.policy={nonfinite_policy}, "
+                                         f"{state.nonfinite_skips} skipped so far). The last checkpoint is "
+                                         f"intact; lower optim.lr, raise clip_grad, or set nonfinite.policy=skip")
+            logger.print(f"[nonfinite] {where}: step skipped ({state.nonfinite_skips}/{max_nonfinite_skips})")
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.step_in_epoch += 1
+        scheduler.step_update(state.step)
+        meter.loss_sum += loss_sum
+        epoch_loss += loss_sum
+        epoch_steps += 1
+        meter.steps += 1
+        meter.images += images * world_size
+        bar.update(1)
+        if state.step % log_every == 0 or state.step_in_epoch == steps_per_epoch:
+            window = meter.read()
+            metrics = {f"train/{k}": v for k, v in window.items()}
+            metrics.update({"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm.item(),
+                            "epoch": state.epoch + state.step_in_epoch / steps_per_epoch})
+            bar.set_postfix(loss=f"{window['loss']:.4f}", img_s=f"{window['images_per_s']:.0f}")
+            logger.log(metrics, step=state.step, prefix=f"[train {backend}] ")
+        if on_step_end is not None:
+            on_step_end(state)
+    bar.close()
+    return epoch_loss.item() / max(epoch_steps, 1)
+
+
+@torch.no_grad()
+def evaluate(model, loader, device: torch.device, amp_dtype: torch.dtype | None = None,
+             reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict:
+    """Cross-entropy loss, top-1 and top-5 accuracy (%) over ``loader``; images/s and peak memory.
+
+    ``reduce`` sums the (loss_sum, correct1, correct5, count) tensor across ranks in distributed
+    runs. Top-5 is top-min(5, num_classes).
+    """
+    model.eval()
+    memory_peaks_mb(device)  # reset
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss_sum, correct1, correct5, count
+    synchronize(device)
+    t0 = time.perf_counter()
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, amp_dtype):
+            logits = model(x).float()  # (B, num_classes)
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices  # (B, k)
+        hits = top == y[:, None]
+        totals += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(), hits[:, 0].sum().double(),
+                               hits.any(dim=1).sum().double(), torch.tensor(float(len(y)), device=device).double()])
+    synchronize(device)
+    elapsed = time.perf_counter() - t0
+    totals = reduce(totals)
+    loss_sum, c1, c5, n = totals.tolist()
+    if n == 0:
+        raise ValueError("the validation set is empty; add images to the val/<class>/ folders")
+    return {"loss": loss_sum / n, "top1": 100 * c1 / n, "top5": 100 * c5 / n, "images": int(n),
+            "images_per_s": n / elapsed, **memory_peaks_mb(device)}

@@ -1,0 +1,94 @@
+"""Run logging: the same numbers to the console and to Weights & Biases (rank 0 only).
+
+W&B keys (``train/*`` every ``log_every`` optimizer steps, ``val/*`` every epoch)::
+
+    train/loss  train/lr  train/grad_norm  train/images_per_s  train/tokens_per_s
+    train/step_time_ms  train/data_wait_ms  train/peak_mem_allocated_mb  train/peak_mem_reserved_mb
+    val/loss  val/top1  val/top5  val/images_per_s  val/peak_mem_allocated_mb  val/peak_mem_reserved_mb
+    epoch  (and the summary key ``backend``)
+
+Rates are over the window since the last log; peak memory is since the last log (0 on CPU).
+The run config is the resolved Hydra config plus ``env`` (GPU, versions, backend); no environment
+variables are copied into it. ``logger=none`` keeps the console output and writes no W&B run.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+
+def environment(backend: str, device: torch.device) -> dict:
+    """Versions and hardware, for the run config."""
+    env = {"backend": backend, "device": str(device), "torch": torch.__version__, "python": platform.python_version(),
+           "cpu_threads": torch.get_num_threads()}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   gpu_count=torch.cuda.device_count())
+    return env
+
+
+def format_metrics(metrics: dict) -> str:
+    parts = []
+    for k, v in metrics.items():
+        name = k.split("/", 1)[-1]
+        parts.append(f"{name} {v:.4g}" if isinstance(v, float) else f"{name} {v}")
+    return "  ".join(parts)
+
+
+class RunLogger:
+    """Console + optional W&B run. Non-zero ranks print nothing and log nothing.
+
+    Args:
+        cfg: the ``logger`` config (``name``: wandb|none, ``project``, ``mode``: offline|online|disabled,
+            ``run_name``, ``tags``).
+        out_dir: the run's output folder; W&B writes under ``out_dir/wandb``.
+        run_config: resolved config dict (with ``env``) stored as the W&B run config.
+        rank: process rank; only rank 0 logs.
+    """
+
+    def __init__(self, cfg, out_dir: str | os.PathLike, run_config: dict, rank: int = 0):
+        self.rank, self.run = rank, None
+        if rank != 0 or cfg.name == "none":
+            return
+        import wandb
+
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=cfg.project, name=cfg.run_name, tags=list(cfg.tags or []), mode=cfg.mode,
+                              dir=str(out_dir), config=run_config, reinit="finish_previous")
+        self.run.define_metric("val/*", step_metric="epoch")
+        self.run.summary["backend"] = run_config.get("env", {}).get("backend")
+
+    @property
+    def run_dir(self) -> str | None:
+        """The local W&B run folder (``.../wandb/offline-run-*`` in offline mode), or None."""
+        return self.run.dir.rsplit("/files", 1)[0] if self.run is not None else None
+
+    def print(self, msg: str) -> None:
+        if self.rank == 0:
+            tqdm.write(msg)
+
+    def log(self, metrics: dict, step: int, prefix: str = "") -> None:
+        """Print ``metrics`` on one line and send them to W&B at optimizer step ``step``."""
+        if self.rank != 0:
+            return
+        self.print(f"{prefix}step {step}  {format_metrics(metrics)}")
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+
+    def summary(self, metrics: dict) -> None:
+        if self.run is not None:
+            self.run.summary.update(metrics)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
