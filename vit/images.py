@@ -1,0 +1,225 @@
+"""ImageNet-style image folders that survive bad files: `root/<split>/<class>/*.jpg` through torchvision.
+
+Decoding (PIL) turns everything decodable into 8-bit RGB:
+- CMYK, grayscale, 1-bit, YCbCr: Pillow's `convert("RGB")` (CMYK by its naive formula, ICC profiles ignored);
+- 16-bit grayscale (modes I;16*, and mode I, assumed to hold 16-bit samples): scaled by 255/65535 and rounded,
+  so 32768 -> 128 (Pillow's own convert clips such images to white);
+- alpha (RGBA, LA, PA, palette or L/RGB with a tRNS transparency): composited over `background`
+  (default white), so transparent pixels get a defined colour instead of whatever RGB they hide;
+- the format is sniffed from the content, so a PNG named .JPEG decodes as a PNG.
+
+A file that cannot be decoded (not an image, zero bytes, truncated or corrupt) is *bad*. Truncated files
+are bad: `PIL.ImageFile.LOAD_TRUNCATED_IMAGES` is never set here (a warning is given if something else set it).
+Each bad file gives one `BadImageWarning` (Python `warnings`, category subclassing UserWarning) naming the path
+and the reason, is counted in `num_bad`, and is never opened again. Files whose extension is not an image
+extension (README.txt, .DS_Store) are ignored as torchvision does, and so are hidden folders (.ipynb_checkpoints).
+
+When bad files are found:
+- `verify=False` (default, lazy): on first load inside `__getitem__`, which then returns the next index (in
+  order, wrapping) whose file decodes: deterministic, and the same after a resume. Costs nothing up front;
+  the count grows as the epoch reaches the bad files, and a class whose files are all bad is not noticed.
+- `verify=True`: every file is decoded once up front (threads, tqdm bar) and bad ones are dropped from
+  `samples`, so `len()` and the count are exact before training and no sample is duplicated. This costs
+  one full decode of the dataset (minutes to hours for ImageNet-1k).
+
+DataLoader workers: the bad-file record is a shared-memory uint8 tensor (one byte per sample), so marks made
+in any worker are seen by the main process and by later workers: `num_bad` is exact across workers of one
+process group, and a file warns once in total (twice at worst, if two workers hit it at the same moment).
+Warnings issued in workers go to their stderr. Under DDP each rank holds its own dataset and its own count.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile
+from torchvision.datasets import ImageFolder
+from tqdm import tqdm
+
+LAYOUT = "root/train/<class>/*.jpg and root/val/<class>/*.jpg (one folder per class, the same classes in both)"
+# What PIL raises on undecodable input; anything else (a bug in a transform, say) propagates.
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+class BadImageWarning(UserWarning):
+    """One file that could not be decoded and is skipped; the message names the path and the reason."""
+
+
+def to_rgb(img: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Any PIL image -> 8-bit RGB (H, W, 3) as described in the module docstring; alpha over `background`."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        a = np.clip(np.asarray(img).astype(np.float64), 0, 65535)
+        img = Image.fromarray(np.round(a * (255 / 65535)).astype(np.uint8), "L")  # (H, W) uint8
+    if img.mode in ("P", "L", "RGB") and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (*background, 255)), rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def load_rgb(path: str, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Fully decode the image at `path` to RGB. Raises one of DECODE_ERRORS if it is not a whole image."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ValueError("empty file (0 bytes)")
+        img = Image.open(f)
+        img.load()  # decodes every byte: a truncated file raises OSError here
+    return to_rgb(img, background)
+
+
+def _check_file(path: str, background: tuple[int, int, int]) -> str | None:
+    """The reason `path` is bad, or None if it decodes."""
+    try:
+        load_rgb(path, background)
+    except DECODE_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+class RobustImageFolder(ImageFolder):
+    """torchvision `ImageFolder` over `root/<class>/*` that decodes to RGB and skips bad files.
+
+    Args:
+        root: the split folder, e.g. `data/imagenet/train`, holding one sub-folder per class.
+        transform: applied to the RGB PIL image (e.g. timm's `create_transform`); target_transform to the label.
+        max_bad_fraction: the most bad files tolerated, as a fraction of all files found (config
+            `data.max_bad_fraction`); more raises RuntimeError, as soon as the count passes it.
+        verify: decode every file up front and drop bad ones (config `data.verify`); see the module docstring.
+        background: RGB (0-255) that transparent pixels are composited over.
+    Items: `(transform(image), class_index)`; without a transform the image is an RGB PIL image.
+    Attributes: `classes`, `class_to_idx`, `samples` (as ImageFolder), `num_files` (files found),
+        `num_bad`, `bad_files` (their paths, sorted), `bad_reasons` (path -> reason, as seen by this process).
+    Raises:
+        FileNotFoundError: `root` missing or not a folder.
+        ValueError: no class folders, or a class folder without any image file (or, with verify, any good one).
+        RuntimeError: more than `max_bad_fraction` of the files are bad (with counts, examples and the fix).
+    """
+
+    def __init__(self, root: str | Path, transform: Callable | None = None,
+                 target_transform: Callable | None = None, *, max_bad_fraction: float = 0.01,
+                 verify: bool = False, background: tuple[int, int, int] = (255, 255, 255)):
+        if not 0.0 <= max_bad_fraction <= 1.0:
+            raise ValueError(f"max_bad_fraction={max_bad_fraction} must be in [0, 1] (a fraction of the files)")
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"image folder {root} does not exist or is not a folder; expected {LAYOUT}")
+        if ImageFile.LOAD_TRUNCATED_IMAGES:
+            warnings.warn("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images will decode partly "
+                          "(grey bottom) instead of being skipped as bad", BadImageWarning, stacklevel=2)
+        self.max_bad_fraction, self.background = max_bad_fraction, tuple(background)
+        super().__init__(str(root), transform, target_transform, loader=self._load, allow_empty=True)
+        self.num_files = len(self.samples)
+        self.bad_reasons: dict[str, str] = {}
+        self._dropped: list[str] = []  # bad files removed from samples by verify
+        if verify:
+            self._verify()
+        self._bad = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()  # 1 = known bad
+        self._check_fraction()
+        counts = np.bincount(np.asarray(self.targets, dtype=np.int64), minlength=len(self.classes))
+        empty = [str(root / c) for c, n in zip(self.classes, counts) if n == 0]
+        if empty:
+            raise ValueError(f"{len(empty)} class folder(s) hold no {'decodable ' if verify else ''}image file "
+                             f"(extensions {', '.join(self.extensions)}): {empty[:5]}; add images or remove "
+                             f"the folder (in train and val alike); expected {LAYOUT}")
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        """Sorted non-hidden sub-folders of `directory` as classes. Raises ValueError if there are none."""
+        classes = sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise ValueError(f"no class folders in {directory}; expected {LAYOUT}")
+        return classes, {c: i for i, c in enumerate(classes)}
+
+    def _load(self, path: str) -> Image.Image:
+        return load_rgb(path, self.background)
+
+    def _verify(self) -> None:
+        """Decode every file once (threads: PIL releases the GIL while decoding); drop and count bad ones."""
+        paths = [p for p, _ in self.samples]
+        with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+            reasons = list(tqdm(pool.map(lambda p: _check_file(p, self.background), paths), total=len(paths),
+                                desc=f"verify {self.root}", unit="img"))
+        for path, reason in zip(paths, reasons):
+            if reason is not None:
+                self._record(path, reason)
+                self._dropped.append(path)
+        self.samples = [s for s, r in zip(self.samples, reasons) if r is None]
+        self.imgs, self.targets = self.samples, [t for _, t in self.samples]
+
+    def _record(self, path: str, reason: str) -> None:
+        self.bad_reasons[path] = reason
+        warnings.warn(f"skipping bad image {path}: {reason}", BadImageWarning, stacklevel=2)
+
+    @property
+    def bad_files(self) -> list[str]:
+        """Paths of all bad files found so far, in any DataLoader worker of this process group."""
+        marked = [self.samples[i][0] for i in torch.nonzero(self._bad).flatten().tolist()]
+        return sorted(self._dropped + marked)
+
+    @property
+    def num_bad(self) -> int:
+        """Number of bad files found so far (exact up front when verify=True)."""
+        return len(self._dropped) + int(self._bad.sum())
+
+    def _check_fraction(self) -> None:
+        n_bad = self.num_bad
+        if n_bad > self.max_bad_fraction * self.num_files:
+            examples = "\n  ".join(f"{p}: {self.bad_reasons.get(p, 'see the warning')}" for p in self.bad_files[:5])
+            raise RuntimeError(
+                f"{n_bad} of {self.num_files} image files under {self.root} are bad ({n_bad / self.num_files:.2%}), "
+                f"more than data.max_bad_fraction={self.max_bad_fraction}. Examples:\n  {examples}\n"
+                f"Fix: delete or re-encode those files, or raise data.max_bad_fraction.")
+
+    def __getitem__(self, index: int):
+        """(image, class_index) for `index`, or for the next index whose file decodes if that one is bad."""
+        n = len(self.samples)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for {n} samples")
+        for i in (j % n for j in range(index, index + n)):
+            if self._bad[i]:
+                continue
+            path, target = self.samples[i]
+            try:
+                img = self.loader(path)
+            except DECODE_ERRORS as e:
+                if not self._bad[i]:  # another worker may have just marked it
+                    self._bad[i] = 1
+                    self._record(path, f"{type(e).__name__}: {e}")
+                    self._check_fraction()
+                continue
+            img = self.transform(img) if self.transform is not None else img
+            target = self.target_transform(target) if self.target_transform is not None else target
+            return img, target
+        raise RuntimeError(f"no file under {self.root} decodes; expected {LAYOUT}")
+
+
+def open_split(root: str | Path, split: str, transform: Callable | None = None, **kwargs) -> RobustImageFolder:
+    """`RobustImageFolder(root/split, transform, **kwargs)` with errors that name the dataset layout.
+
+    Raises FileNotFoundError if `root` or `root/split` is missing; see RobustImageFolder for the rest.
+    """
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"dataset root {root} does not exist (set data.root); expected {LAYOUT}")
+    if not (root / split).is_dir():
+        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        raise FileNotFoundError(f"split folder {root / split} does not exist (folders in {root}: {found}); "
+                                f"expected {LAYOUT}")
+    return RobustImageFolder(root / split, transform, **kwargs)
+
+
+def check_same_classes(train_ds: ImageFolder, val_ds: ImageFolder) -> None:
+    """Raise ValueError listing the classes found only in train or only in val (labels would not match)."""
+    train, val = set(train_ds.classes), set(val_ds.classes)
+    if train != val:
+        raise ValueError(
+            f"train ({train_ds.root}) and val ({val_ds.root}) have different class folders; "
+            f"only in train: {sorted(train - val)[:20]}, only in val: {sorted(val - train)[:20]} "
+            f"({len(train - val)} and {len(val - train)} in all). Give both splits the same class folders "
+            f"(an empty class folder is an error too); expected {LAYOUT}")
