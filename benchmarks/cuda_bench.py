@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernels.cuda import attention as cuda_attention
+from kernels.cuda import ops
 from kernels.vector_add import add_cuda, add_torch, add_triton
 
 SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (8, 16, 4096, 128)]
@@ -46,9 +47,16 @@ def sdpa(backend):
     return fn
 
 
+def with_bwd_warps(n):
+    def fn(q, k, v):
+        ops.BWD_WARPS = n  # read when the backward runs
+        return cuda_attention(q, k, v)
+    return fn
+
+
 def bench_attention():
     rows = []
-    backends = {"cuda": cuda_attention, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+    backends = {"cuda-bwd4w": with_bwd_warps(4), "cuda-bwd8w": with_bwd_warps(8), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
                 "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     for B, H, N, d in SHAPES:
         sets = []
@@ -58,13 +66,13 @@ def bench_attention():
         flops = 4 * B * H * N * N * d
         for name, fn in backends.items():
             try:
-                fwd = time_ms(lambda q, k, v, do: fn(q.detach(), k.detach(), v.detach()), sets)
-                fwd_bwd = time_ms(lambda q, k, v, do: torch.autograd.grad(fn(q, k, v), (q, k, v), do), sets)
+                fwd = time_ms(lambda q, k, v, do, fn=fn: fn(q.detach(), k.detach(), v.detach()), sets)
+                fwd_bwd = time_ms(lambda q, k, v, do, fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), do), sets)
             except RuntimeError as exc:  # a backend PyTorch cannot run at this shape
                 print(f"{name} {B, H, N, d}: {exc}")
                 continue
-            rows.append(dict(B=B, H=H, N=N, d=d, backend=name, fwd_ms=fwd, fwd_tflops=flops / fwd / 1e9,
-                             fwd_bwd_ms=fwd_bwd, fwd_bwd_tflops=3.5 * flops / fwd_bwd / 1e9))
+            rows.append({"B": B, "H": H, "N": N, "d": d, "backend": name, "fwd_ms": fwd, "fwd_tflops": flops / fwd / 1e9,
+                             "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd / 1e9})
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -76,12 +84,12 @@ def bench_vector_add(n=1 << 28):
     dst = torch.empty(n, device="cuda")
     copy_ms = time_ms(lambda x: dst.copy_(x), [(a,), (c,)])
     copy_gbs = 2 * 4 * n / copy_ms / 1e6
-    rows = [dict(kernel="copy (d2d)", ms=copy_ms, gbs=copy_gbs, of_copy=1.0)]
+    rows = [{"kernel": "copy (d2d)", "ms": copy_ms, "gbs": copy_gbs, "of_copy": 1.0}]
     for name, fn in (("cuda", add_cuda), ("triton", add_triton), ("torch.add", add_torch)):
         assert torch.equal(fn(a, b), a + b), name
         ms = time_ms(fn, [(a, b), (c, d)])
         gbs = 3 * 4 * n / ms / 1e6
-        rows.append(dict(kernel=name, ms=ms, gbs=gbs, of_copy=gbs / copy_gbs))
+        rows.append({"kernel": name, "ms": ms, "gbs": gbs, "of_copy": gbs / copy_gbs})
     return n, rows
 
 
@@ -104,8 +112,8 @@ def main():
         print(f"| {r['kernel']} | {r['ms']:.3f} | {r['gbs']:.0f} | {r['of_copy']:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, attention=attn,
-                           vector_add=dict(n=n, rows=vadd)), f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": attn,
+                           "vector_add": {"n": n, "rows": vadd}}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ import torch
 if not torch.cuda.is_available():  # must precede the first `import triton` in this process
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from kernels.vector_add import add_cuda, add_torch, add_triton  # noqa: E402
+from kernels.vector_add import add_cuda, add_torch, add_triton
 
 SIZES = (1, 7, 4097, 100_003)
 

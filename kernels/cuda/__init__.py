@@ -101,4 +101,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     return out[..., :head_dim] if padded != head_dim else out
 
 
-__all__ = ["attention", "check_inputs", "HEAD_DIMS", "DTYPES"]
+__all__ = ["DTYPES", "HEAD_DIMS", "attention", "check_inputs"]

@@ -56,7 +56,7 @@ def build_dir() -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def extension(verbose: bool = False):
     """Compile if needed and import the extension module (``fwd``, ``bwd``, ``vector_add``).
 

@@ -1,17 +1,23 @@
 """The CUDA kernels as ``torch.library`` custom ops, with fake (meta) kernels and autograd.
 
 ``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` and
-``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale) -> (dq, dk, dv)``: raw launchers
+``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)``: raw launchers
 over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
 contiguous; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
 Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
 from .build import extension
+
+# Warps per CTA of the dK/dV kernel (16 key rows each): 4 -> 64 keys per CTA, 2 CTAs per SM
+# (247 registers); 8 -> 128 keys per CTA, half the dQ atomics and Q/dO re-reads, 1 CTA per SM.
+BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "4"))
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
@@ -28,14 +34,14 @@ def _(q, k, v, softmax_scale):
 
 @torch.library.custom_op("vit_cuda::attn_bwd", mutates_args=())
 def attn_bwd(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = extension().bwd(dout, q, k, v, out, lse, softmax_scale)
+    dq, dk, dv = extension().bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps)
     return dq, dk, dv
 
 
 @attn_bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale):
+def _(dout, q, k, v, out, lse, softmax_scale, bwd_warps):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
 
@@ -48,7 +54,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale)
+    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, BWD_WARPS)
     return dq, dk, dv, None
 
 

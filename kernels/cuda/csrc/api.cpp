@@ -77,7 +77,7 @@ std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double sof
 }
 
 std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                            at::Tensor lse, double softmax_scale) {
+                            at::Tensor lse, double softmax_scale, int64_t bwd_warps) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -85,6 +85,7 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
   TORCH_CHECK_TYPE(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                    "dout and out must have q's dtype");
   TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "lse must be float32");
+  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
   const c10::cuda::CUDAGuard guard(q.device());
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -102,6 +103,7 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
   p.q_st = strides(q), p.k_st = strides(k), p.v_st = strides(v), p.out_st = strides(out);
   p.dout_st = strides(dout);
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
+  p.bwd_warps = static_cast<int>(bwd_warps);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
     check_launch(vitk::run_bwd<decltype(dt)::value, decltype(hd)::value>(p, stream), "attention backward");
@@ -127,6 +129,6 @@ at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync) and the vector-add example";
   m.def("fwd", &fwd, "attention forward: (q, k, v, softmax_scale) -> [out, lse]");
-  m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
+  m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

@@ -1,6 +1,6 @@
 // FlashAttention-2 backward (Dao, 2023, Algorithm 2) with mma.sync m16n8k16, in two kernels:
 //  1. delta = rowsum(dout ∘ out), float32 (the D_i of the paper).
-//  2. A CTA of 4 warps owns a 64-row K/V tile (16 key rows per warp) and walks over all Q tiles
+//  2. A CTA of WARPS (4 or 8) warps owns a 16·WARPS-row K/V tile (16 key rows per warp) and walks over all Q tiles
 //     (double-buffered cp.async): recompute Sᵀ = K Qᵀ and Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e),
 //     dV += Pᵀ dO, dPᵀ = V dOᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − delta)·scale, dK += dSᵀ Q, all with Pᵀ/dSᵀ reused
 //     from registers as A operands. dQ += dS K needs a sum over every key tile, so dSᵀ goes through
@@ -11,8 +11,8 @@
 
 namespace vitk {
 
-template <int D> struct BwdTraits {
-  static constexpr int kWarps = 4;
+template <int D, int WARPS> struct BwdTraits {
+  static constexpr int kWarps = WARPS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;           // key rows per CTA
   static constexpr int kBlockM = D <= 64 ? 64 : 32;     // query rows per step (d=128: registers)
@@ -50,10 +50,10 @@ __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
   if (row < rows && threadIdx.x % TPR == 0) p.delta[row] = acc;
 }
 
-template <int DTYPE, int D>
-__global__ void __launch_bounds__(BwdTraits<D>::kThreads) bwd_kernel(const BwdParams p) {
+template <int DTYPE, int D, int WARPS>
+__global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads) bwd_kernel(const BwdParams p) {
   using T = typename Elem<DTYPE>::T;
-  using Tr = BwdTraits<D>;
+  using Tr = BwdTraits<D, WARPS>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, SROW = Tr::kSRow, SROWS = Tr::kSRowS, NT = Tr::kThreads;
   extern __shared__ __align__(16) unsigned char smem[];
   T *Ks = reinterpret_cast<T *>(smem);  // (BN, SROW)
@@ -189,8 +189,12 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) bwd_kernel(const BwdPa
 #pragma unroll
           for (int dt = 0; dt < Tr::kDqChunk / 8; ++dt) {
             float *dst = dq + (int64_t)m * D + c0 + cc + dt * 8 + 2 * t;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(acc[dt][2 * r], acc[dt][2 * r + 1]));
+#else
             atomicAdd(dst, acc[dt][2 * r]);
             atomicAdd(dst + 1, acc[dt][2 * r + 1]);
+#endif
           }
         }
       }
@@ -214,19 +218,25 @@ __global__ void __launch_bounds__(BwdTraits<D>::kThreads) bwd_kernel(const BwdPa
   }
 }
 
+template <int DTYPE, int D, int WARPS> cudaError_t launch_bwd_kernel(const BwdParams &p, cudaStream_t stream) {
+  using Tr = BwdTraits<D, WARPS>;
+  auto kernel = bwd_kernel<DTYPE, D, WARPS>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t stream) {
-  using Tr = BwdTraits<D>;
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
   bwd_delta_kernel<DTYPE, D><<<(unsigned)((rows + RPB - 1) / RPB), 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  auto kernel = bwd_kernel<DTYPE, D>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  if (p.bwd_warps == 8) return launch_bwd_kernel<DTYPE, D, 8>(p, stream);
+  if (p.bwd_warps == 4) return launch_bwd_kernel<DTYPE, D, 4>(p, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace vitk

@@ -31,6 +31,7 @@ struct BwdParams {
   Strides q_st, k_st, v_st, out_st, dout_st;
   int B, H, N;
   float softmax_scale;
+  int bwd_warps;             // 4 or 8: key rows per CTA = 16 * bwd_warps
 };
 
 // One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
