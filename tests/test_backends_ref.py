@@ -1,0 +1,65 @@
+"""The reference backends (naive, sdpa) against float64 on fresh random inputs and awkward shapes.
+
+sdpa must stay within 2× naive's error at the same dtype (conftest's rule); naive itself is held to
+an absolute bound relative to the reference's magnitude, so neither check compares a thing with itself.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import check_against_reference, forward_backward, make_qkv, max_err, reference_attention
+from kernels import available_backends, get_attention
+
+SEQ_LENS = [1, 17, 65, 197]
+HEAD_DIMS = [16, 32, 64, 80]
+# max |naive - float64| / max(1, max |float64|): worst measured over these shapes 9e-7 (fp32), 1e-2 (bf16)
+NAIVE_REL_TOL = {torch.float32: 5e-6, torch.bfloat16: 5e-2}
+
+
+@pytest.mark.parametrize("N", SEQ_LENS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_naive_matches_float64(N, d, dtype):
+    q, k, v = make_qkv(2, 3, N, d, dtype=dtype)
+    ref, (rq, rk, rv) = reference_attention(q, k, v)
+    do = torch.randn_like(ref)
+    ref.backward(do)
+    got = forward_backward(get_attention("naive"), q, k, v, do)
+    for name, g, r in zip(("out", "dq", "dk", "dv"), got, (ref.detach(), rq.grad, rk.grad, rv.grad)):
+        assert g.dtype == dtype and g.shape == r.shape
+        bound = NAIVE_REL_TOL[dtype] * max(1.0, r.abs().max().item())
+        assert max_err(g, r) <= bound, f"naive {name}: error {max_err(g, r):.3e} > {bound:.3e} (N={N}, d={d}, {dtype})"
+
+
+@pytest.mark.parametrize("N", SEQ_LENS)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_matches_float64(N, d, dtype):
+    q, k, v = make_qkv(2, 3, N, d, dtype=dtype)
+    check_against_reference(get_attention("sdpa"), q, k, v)
+
+
+@pytest.mark.parametrize("backend", ["naive", "sdpa"])
+def test_softmax_scale_and_strided_views(backend):
+    """A non-default softmax_scale is honoured, and the fused-qkv strided views are accepted
+    (forward and backward through the views, as the ViT calls it)."""
+    B, H, N, d = 2, 4, 33, 32
+    leaf = torch.randn(B, N, 3, H, d, requires_grad=True)
+    q, k, v = leaf.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d), non-contiguous
+    assert not q.is_contiguous()
+    out = get_attention(backend)(q, k, v, softmax_scale=0.3)
+    ref, (rq, rk, rv) = reference_attention(q, k, v, softmax_scale=0.3)
+    do = torch.randn_like(ref)
+    out.backward(do.float())
+    ref.backward(do)
+    ref_grad = torch.stack([rq.grad, rk.grad, rv.grad]).permute(1, 3, 0, 2, 4)  # (B, N, 3, H, d)
+    assert max_err(out, ref) < 2e-6
+    assert max_err(leaf.grad, ref_grad) < 2e-6 * max(1.0, ref_grad.abs().max().item())
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(ValueError) as e:
+        get_attention("flashy")
+    for name in available_backends():
+        assert name in str(e.value)

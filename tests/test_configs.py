@@ -1,0 +1,73 @@
+"""Every file in configs/ composes, and invalid values fail before any work, naming key and value."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from vit.build import check_train_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+GROUPS = sorted(p.name for p in CONFIGS.iterdir() if p.is_dir())
+
+
+def compose_cfg(name: str, overrides: list[str] = ()):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+def test_every_group_has_options():
+    assert set(GROUPS) >= {"model", "attention", "data", "optim", "schedule", "logger", "experiment"}
+    assert {p.stem for p in (CONFIGS / "attention").glob("*.yaml")} == {"auto", "naive", "sdpa", "flash", "cuda"}
+    assert {p.stem for p in (CONFIGS / "model").glob("*.yaml")} == {"debug", "tiny", "small", "base", "large"}
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml")
+                                        if p.parent != CONFIGS))
+def test_group_file_composes(path):
+    group, option = Path(path).parent.as_posix(), Path(path).stem
+    cfg = compose_cfg("train", [f"{group}={option}"])
+    OmegaConf.resolve(cfg)  # every interpolation resolves
+    if group == "attention":
+        assert cfg.attention.name == option
+    if group == "model":
+        assert cfg.model.size == option
+    if group in ("data", "logger", "optim", "schedule"):
+        assert cfg[group].name == option
+    check_train_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["train", "eval"])
+def test_top_level_composes(name):
+    cfg = compose_cfg(name, ["attention=sdpa", "data=digits"] if name == "eval" else [])
+    OmegaConf.resolve(cfg)
+    if name == "train":
+        assert (cfg.model.size, cfg.attention.name, cfg.data.name) == ("debug", "auto", "digits")
+        check_train_config(cfg)
+    else:
+        assert "model" not in cfg and cfg.attention.name == "sdpa"
+
+
+def test_experiment_overrides_only_what_differs():
+    cfg = compose_cfg("train", ["experiment=imagenet_base", "data.root=/data/imagenet"])
+    assert (cfg.model.size, cfg.model.patch_size, cfg.data.name, cfg.data.img_size) == ("base", 16, "imagefolder", 224)
+    assert cfg.epochs == 300 and cfg.label_smoothing == 0.1  # set by the experiment / kept from train.yaml
+
+
+@pytest.mark.parametrize("override, key", [
+    ("batch_size=-4", "batch_size"),
+    ("epochs=0", "epochs"),
+    ("grad_accum=3", "batch_size"),  # 64 is not a multiple of 3
+    ("model.size=huge", "model.size"),
+    ("data.img_size=30", "data.img_size"),  # not a multiple of patch_size 4
+    ("attention.name=flashy", "attention.name"),
+    ("optim.lr=0", "optim.lr"),
+    ("nonfinite.policy=ignore", "nonfinite.policy"),
+])
+def test_invalid_value_names_key(override, key):
+    cfg = compose_cfg("train", [override])
+    with pytest.raises(ValueError) as e:
+        check_train_config(cfg)
+    assert f"{key}=" in str(e.value), str(e.value)

@@ -1,0 +1,70 @@
+"""Our ViT against timm's, position-embedding resize on load, and clear errors for wrong weights."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from vit.checkpoint import load_model_weights
+from vit.model import SIZES, create_model
+
+
+def test_timm_state_dict_loads_strict_and_logits_match():
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    ours = create_model("tiny", attention="naive", img_size=224, patch_size=16, num_classes=1000).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        diff = (ours(x) - ref(x)).abs().max().item()
+    assert diff <= 1e-5, f"logits differ from timm's by {diff:.2e}"
+    ours.set_attention("sdpa")
+    with torch.no_grad():
+        assert (ours(x) - ref(x)).abs().max().item() <= 1e-5
+
+
+def test_pos_embed_resized_when_image_size_differs():
+    """A 32 px checkpoint loads into a 48 px model: the 8×8 grid is resampled to 12×12 (bicubic)."""
+    src = create_model("debug", img_size=32, patch_size=4, num_classes=10)
+    dst = create_model("debug", img_size=48, patch_size=4, num_classes=10)
+    load_model_weights(dst, src.state_dict())
+    assert dst.pos_embed.shape == (1, 145, SIZES["debug"]["embed_dim"])
+    assert torch.equal(dst.pos_embed[:, 0], src.pos_embed[:, 0])  # class token's embedding untouched
+    assert torch.equal(dst.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+    grid = src.pos_embed[0, 1:].reshape(8, 8, -1).permute(2, 0, 1)[None]  # (1, D, 8, 8)
+    expected = torch.nn.functional.interpolate(grid, size=(12, 12), mode="bicubic", antialias=True,
+                                               align_corners=False)[0].permute(1, 2, 0).reshape(144, -1)
+    assert torch.allclose(dst.pos_embed[0, 1:], expected, atol=1e-6)
+    dst(torch.randn(1, 3, 48, 48))
+
+
+def test_other_model_size_names_the_mismatch():
+    small = create_model("small", img_size=32, patch_size=16, num_classes=10)
+    tiny = create_model("tiny", img_size=32, patch_size=16, num_classes=10)
+    with pytest.raises(RuntimeError, match=r"shape mismatches.*model size.*blocks\.0\."):
+        load_model_weights(tiny, small.state_dict())
+    deeper = create_model("debug", img_size=32, patch_size=4, num_classes=10, depth=5)
+    with pytest.raises(RuntimeError, match=r"unexpected keys \(\d+\): blocks\.4\."):
+        load_model_weights(create_model("debug", img_size=32, patch_size=4, num_classes=10), deeper.state_dict())
+
+
+def test_unknown_size_and_backend_raise():
+    with pytest.raises(ValueError, match="valid sizes are: debug, tiny"):
+        create_model("huge")
+    with pytest.raises(ValueError, match="valid backends are"):
+        create_model("debug", attention="nope")
+
+
+def test_backends_give_same_logits_and_grads():
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=32, patch_size=4, num_classes=10)
+    x = torch.randn(4, 3, 32, 32)
+    outs = []
+    for name in ("naive", "sdpa"):
+        model.set_attention(name)
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        outs.append((out.detach(), model.blocks[0].attn.qkv.weight.grad.clone()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-4, rtol=1e-4)
