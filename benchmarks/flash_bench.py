@@ -1,0 +1,242 @@
+"""Time the Triton flash backend beside SDPA's FlashAttention-2 and cuDNN backends (bf16, non-causal).
+
+    python3 benchmarks/flash_bench.py            # the baseline table's shapes (../shared/perf/h200_baseline.md)
+    python3 benchmarks/flash_bench.py --warm     # first compile every autotune config in parallel processes
+    python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
+
+FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
+timings after 3 warm-ups, with inputs rotated over sets larger than the 60 MB L2. Peak = the
+extra memory allocated during forward+backward beyond the inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(256, 12, 197, 64), (128, 16, 577, 64), (32, 12, 1024, 64), (8, 12, 4096, 64), (2, 12, 16384, 64),
+          (8, 16, 4096, 128), (256, 12, 197, 128)]
+# Shapes of tests/test_flash.py's GPU tests whose compiled kernels differ (Triton specializes ints on
+# divisibility by 16), so --warm fills the cache for them too.
+TEST_SHAPES = [(1, 2, n, d) for n in (197, 4096) for d in (32, 64, 80, 128)] + [(2, 12, 4096, 64)]
+L2_BYTES = 60 * 2**20
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = getattr(SDPBackend, backend)
+
+    def fn(q, k, v):
+        with sdpa_kernel(which):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return fn
+
+
+def backends():
+    from kernels.flash import attention
+
+    return {"flash (ours)": attention, "sdpa flash": _sdpa("FLASH_ATTENTION"), "sdpa cudnn": _sdpa("CUDNN_ATTENTION")}
+
+
+def _median_ms(step, n_sets, reps=20, warmup=3):
+    for i in range(warmup):
+        step(i % n_sets)
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(i % n_sets)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def bench_shape(shape, fns, dtype=torch.bfloat16):
+    B, H, N, d = shape
+    set_bytes = 4 * B * H * N * d * 2
+    n_sets = max(2, math.ceil(3 * L2_BYTES / set_bytes))
+    sets = [[torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)] for _ in range(n_sets)]
+    flops = 4 * B * H * N * N * d
+    rows = []
+    for name, fn in fns.items():
+        fn(*sets[0][:3])  # first call: autotuning, compile
+        ms_fwd = _median_ms(lambda i, fn=fn: fn(*sets[i][:3]), n_sets)
+        leaves = [[t.detach().requires_grad_(True) for t in s[:3]] + [s[3]] for s in sets]
+
+        def fwd_bwd(i, fn=fn, leaves=leaves):
+            q, k, v, do = leaves[i]
+            torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+        fwd_bwd(0)
+        ms_fb = _median_ms(fwd_bwd, n_sets)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fwd_bwd(0)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+        rows.append((name, ms_fwd, flops / ms_fwd / 1e9, ms_fb, 3.5 * flops / ms_fb / 1e9, peak))
+    return rows
+
+
+def table(shapes):
+    fns = backends()
+    lines = ["| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for shape in shapes:
+        rows = bench_shape(shape, fns)
+        for name, ms_f, tf_f, ms_fb, tf_fb, peak in rows:
+            lines.append(f"| {' | '.join(map(str, shape))} | {name} | {ms_f:.3f} | {tf_f:.0f} | {ms_fb:.3f} | "
+                         f"{tf_fb:.0f} | {peak:.0f} |")
+        ours, flash, cudnn = rows
+        ratios.append(f"{shape}: fwd {ours[2] / flash[2]:.2f}x flash, {ours[2] / cudnn[2]:.2f}x cudnn; "
+                      f"fwd+bwd {ours[4] / flash[4]:.2f}x flash, {ours[4] / cudnn[4]:.2f}x cudnn")
+        print(lines[-3], lines[-2], lines[-1], sep="\n", flush=True)
+    print("\n".join(lines))
+    print("\nours / peer TFLOP/s:\n" + "\n".join(ratios))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel compilation (--warm) and config sweeps (--sweep)
+# ---------------------------------------------------------------------------------------------
+SWEEP = {  # (block_a, block_b, num_warps, num_stages) candidates per kernel
+    "fwd": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
+            (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4), (64, 32, 4, 4)],
+    "dkdv": [(32, 128, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
+             (64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3)],
+    "dq": [(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3),
+           (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 8, 2)],
+}
+SWEEP_SHAPES = [(256, 12, 197, 64), (8, 12, 4096, 64), (256, 12, 197, 128), (8, 16, 4096, 128)]
+_NAMES = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"), "dq": ("BLOCK_M2", "BLOCK_N2")}
+
+
+def _single(which, cfg):
+    import triton
+
+    from kernels.flash import kernels as K
+
+    kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel}[which]
+    config = triton.Config(dict(zip(_NAMES[which], cfg[:2])), num_warps=cfg[2], num_stages=cfg[3])
+    return triton.autotune([config], key=["N_BUCKET", "HEAD_DIM"])(kernel)
+
+
+def _make_tensors(shape, dtype, real):
+    """q, k, v, dO, out, lse, delta and two gradient buffers; ``real``: out and lse from the forward
+    (for timing), else random stand-ins (enough to compile, and no autotuning in the worker)."""
+    from kernels.flash import op
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    if real:
+        out, lse = op.fwd(q, k, v, shape[-1] ** -0.5)
+    else:
+        out, lse = torch.randn_like(q), torch.randn(shape[:-1], device="cuda", generator=g) + math.log(shape[-2])
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    return q, k, v, do, out, lse, delta, torch.empty_like(q), torch.empty_like(q)
+
+
+def _run_one(which, tuner, tensors):
+    """A closure that launches one kernel once through ``tuner``."""
+    from kernels.flash import op
+
+    q, k, v, do, _out, lse, delta, g1, g2 = tensors
+    scale = q.shape[-1] ** -0.5
+    if which == "fwd":
+        lse2 = torch.empty_like(lse)
+        return lambda: op.launch_fwd(tuner, q, k, v, g1, lse2, scale)
+    if which == "dkdv":
+        return lambda: op.launch_dkdv(tuner, q, k, v, do, g1, g2, lse, delta, scale)
+    return lambda: op.launch_dq(tuner, q, k, v, do, g1, lse, delta, scale)
+
+
+def _compile_job(job):
+    which, cfg, shape, dtype_name = job
+    try:
+        _run_one(which, _single(which, cfg), _make_tensors(shape, getattr(torch, dtype_name), real=False))()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001  out of shared memory etc.: reported, the timing run skips it
+        return f"{job}: {type(e).__name__}: {str(e)[:120]}"
+
+
+def _tuned_jobs(shapes, dtype_names):
+    from kernels.flash import configs
+
+    tables = {"fwd": configs._FWD, "dkdv": configs._DKDV, "dq": configs._DQ}
+    return [(w, cfg, s, dt) for s in shapes for dt in dtype_names for w, t in tables.items()
+            for cfg in t[configs.head_dim_class(s[-1])]]
+
+
+def compile_parallel(jobs, workers=None):
+    start = time.time()
+    workers = workers or min(16, os.cpu_count() or 1)
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errors = [e for e in pool.map(_compile_job, jobs, chunksize=1) if e]
+    print(f"compiled {len(jobs)} kernel configs in {time.time() - start:.1f} s with {workers} processes; "
+          f"{len(errors)} failed", flush=True)
+    for e in errors:
+        print("  ", e)
+
+
+def sweep():
+    import triton.testing
+
+    jobs = [(w, cfg, s, "bfloat16") for s in SWEEP_SHAPES for w, cfgs in SWEEP.items() for cfg in cfgs]
+    compile_parallel(jobs)
+    for shape in SWEEP_SHAPES:
+        B, H, N, d = shape
+        flops = {"fwd": 4 * B * H * N * N * d, "dkdv": 8 * B * H * N * N * d, "dq": 6 * B * H * N * N * d}
+        tensors = _make_tensors(shape, torch.bfloat16, real=True)
+        for which, cfgs in SWEEP.items():
+            results = []
+            for cfg in cfgs:
+                try:
+                    ms = triton.testing.do_bench(_run_one(which, _single(which, cfg), tensors), warmup=10, rep=50, return_mode="median")
+                    results.append((ms, cfg))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {which} {cfg}: {type(e).__name__}")
+            results.sort()
+            best = ", ".join(f"{c} {ms:.3f} ms ({flops[which] / ms / 1e9:.0f} TF/s)" for ms, c in results[:4])
+            print(f"sweep {shape} {which}: {best}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--warm", action="store_true", help="compile all autotune configs in parallel first")
+    parser.add_argument("--warm-tests", action="store_true", help="also compile for tests/test_flash.py's shapes")
+    parser.add_argument("--sweep", action="store_true", help="time the wider candidate lists per kernel")
+    parser.add_argument("--no-table", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("flash_bench.py needs a CUDA GPU")
+    import triton
+
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}", flush=True)
+    if args.warm or args.warm_tests:
+        jobs = _tuned_jobs(SHAPES, ["bfloat16"])
+        if args.warm_tests:
+            jobs += _tuned_jobs(TEST_SHAPES, ["bfloat16", "float16"])
+        compile_parallel(sorted(set(jobs), key=lambda j: -j[2][-1]))
+    if args.sweep:
+        sweep()
+    if not args.no_table:
+        table(SHAPES)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Triton FlashAttention-2 backend (``attention=flash``): forward and backward.
+
+Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+Partitioning", Algorithms 1 and 2; kernels in :mod:`kernels.flash.kernels`, autotune lists in
+:mod:`kernels.flash.configs`, ``torch.library`` ops and autograd in :mod:`kernels.flash.op`.
+
+Contract: see :mod:`kernels`. This backend's limits:
+
+- dtypes: float16 and bfloat16 (float32 accumulation), float32 (``ieee`` dots, real float32);
+- head_dim 16-256 (non-powers of two such as 80 and 96 are padded inside the kernel);
+- any seq_len ≥ 1; ``B·H`` ≤ 65535 (the launch grid's second axis);
+- a CUDA GPU, or any device under ``TRITON_INTERPRET=1`` (Triton's interpreter, slow: for CI).
+  The variable must be set before this package is first imported.
+
+Deterministic: no atomics, so the same inputs give bitwise the same out, dq, dk, dv.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import configs
+from .op import bwd, fwd
+
+__all__ = ["attention", "bwd", "fwd"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+MAX_BATCH_HEADS = 65535
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale) -> float:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"flash attention: {name} has dtype {t.dtype}; use float16, bfloat16 or float32")
+        if t.dim() != 4:
+            raise ValueError(f"flash attention: {name} must be 4-D (B, H, N, d), got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"flash attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"flash attention: q, k, v must have the same (B, H, N, d) shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"flash attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, N, d = q.shape
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"flash attention: head_dim={d} is outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; "
+                         f"choose embed_dim / num_heads in that range or use attention=sdpa")
+    if N < 1:
+        raise ValueError(f"flash attention: seq_len must be ≥ 1, got {N}")
+    if B * H > MAX_BATCH_HEADS:
+        raise ValueError(f"flash attention: B·H = {B}·{H} = {B * H} exceeds {MAX_BATCH_HEADS}; "
+                         f"split the batch into chunks")
+    if q.device.type != "cuda" and not configs.INTERPRETED:
+        raise RuntimeError(
+            f"flash attention needs a CUDA GPU but the inputs are on {q.device}"
+            + ("" if torch.cuda.is_available() else " and no CUDA GPU is visible")
+            + "; move them to a GPU, use attention=sdpa or attention=naive, or set TRITON_INTERPRET=1 "
+            "before importing kernels.flash to run Triton's (slow) interpreter on the CPU")
+    if softmax_scale is None:
+        return d ** -0.5
+    softmax_scale = float(softmax_scale)
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"flash attention: softmax_scale must be a finite positive number, got {softmax_scale}")
+    return softmax_scale
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+    """FlashAttention-2 ``softmax(q kᵀ · softmax_scale) v``; contract in :mod:`kernels`.
+
+    Args:
+        q, k, v: ``(B, H, N, d)`` float16/bfloat16/float32, one dtype and device, any strides.
+        softmax_scale: positive float, default ``d ** -0.5``.
+
+    Returns:
+        ``out``: ``(B, H, N, d)``, q's dtype, contiguous. Differentiable in q, k, v.
+
+    Raises:
+        TypeError: a non-tensor, an unsupported dtype, or mixed dtypes.
+        ValueError: shapes differ or are not 4-D, head_dim outside 16-256, B·H > 65535,
+            a non-positive softmax_scale, or tensors on different devices.
+        RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set.
+    """
+    softmax_scale = _check(q, k, v, softmax_scale)
+    out, _ = fwd(q, k, v, softmax_scale)
+    return out  # (B, H, N, d)

@@ -1,0 +1,80 @@
+"""Autotune configurations for the flash kernels, one short list per head-dim class.
+
+Each kernel is wrapped by one ``triton.autotune`` per head-dim class (≤64, 128, 256 after padding
+to a power of two), keyed on ``(N_BUCKET, HEAD_DIM)`` plus the tensors' dtypes (Triton adds those).
+``N_BUCKET`` is the next power of two of N, clamped to [128, 8192], so a new image resolution
+reuses the tuning of its bucket instead of re-tuning for its exact N. The lists are short because
+every config is compiled once per (head dim, dtype) on first use; the candidates and the measured
+winners are in benchmarks/results/flash_notes.md.
+
+Under ``TRITON_INTERPRET=1`` (CPU CI) each kernel gets one small config: nothing to time, and
+small tiles keep the interpreter fast while still covering full tiles and a masked tail.
+"""
+from __future__ import annotations
+
+import triton
+import triton.testing
+
+from . import kernels
+
+INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunction)
+
+# Tuning time: the kernels run in ~0.1-10 ms, so a 5 ms warm-up and 25 ms of repeats rank them.
+_WARMUP_MS, _REP_MS = 5, 25
+
+
+def _bench(kernel_call, quantiles):
+    return triton.testing.do_bench(kernel_call, warmup=_WARMUP_MS, rep=_REP_MS, quantiles=quantiles)
+
+
+def n_bucket(seq_len: int) -> int:
+    """Autotune bucket of a sequence length: next power of two, clamped to [128, 8192]."""
+    return min(max(triton.next_power_of_2(seq_len), 128), 8192)
+
+
+def head_dim_padded(head_dim: int) -> int:
+    """The power of two ≥ max(head_dim, 16) that the kernels' tiles use."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _cfgs(names, rows):
+    return [triton.Config(dict(zip(names, r[:2])), num_warps=r[2], num_stages=r[3]) for r in rows]
+
+
+# (block_a, block_b, num_warps, num_stages) per kernel and head-dim class.
+_FWD = {  # (BLOCK_M, BLOCK_N)
+    64: [(128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
+    256: [(64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
+}
+_DKDV = {  # (BLOCK_M1, BLOCK_N1)
+    64: [(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
+    128: [(32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 2)],
+    256: [(32, 64, 4, 2), (32, 32, 4, 2), (16, 64, 4, 2)],
+}
+_DQ = {  # (BLOCK_M2, BLOCK_N2)
+    64: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    128: [(128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 2)],
+    256: [(64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)],
+}
+_INTERPRETER = {"fwd": (128, 64, 4, 1), "dkdv": (64, 128, 4, 1), "dq": (128, 64, 4, 1)}
+PREPROCESS_BLOCK_M = 64 if INTERPRETED else 128
+
+
+def _tuned(kernel, names, table, which):
+    tuners = {}
+    for cls, rows in table.items():
+        rows = [_INTERPRETER[which]] if INTERPRETED else rows
+        tuners[cls] = triton.autotune(_cfgs(names, rows), key=["N_BUCKET", "HEAD_DIM"],
+                                      do_bench=_bench)(kernel)
+    return tuners
+
+
+FWD = _tuned(kernels.flash_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD, "fwd")
+DKDV = _tuned(kernels.flash_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), _DKDV, "dkdv")
+DQ = _tuned(kernels.flash_bwd_dq_kernel, ("BLOCK_M2", "BLOCK_N2"), _DQ, "dq")
+
+
+def head_dim_class(head_dim: int) -> int:
+    """Which config list a head dim uses: 64 (d ≤ 64), 128 or 256."""
+    return max(64, head_dim_padded(head_dim))

@@ -1,0 +1,308 @@
+"""FlashAttention-2 in Triton: the forward and backward kernels.
+
+Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning",
+Algorithm 1 (forward) and Algorithm 2 (backward), non-causal.
+
+Forward: one program owns BLOCK_M query rows of one (batch, head) and streams K, V in tiles of
+BLOCK_N keys. It keeps a running row max ``m`` and row sum ``l`` (online softmax, in base 2:
+``exp(x·scale) = exp2(x·scale·log2 e)``) and the output accumulator in registers, and writes only
+``out`` and the natural-log row log-sum-exp ``lse = m + log(l)`` (float32, (B, H, N)).
+
+Backward: ``delta = rowsum(dO ∘ O)`` (preprocess), then two kernels that recompute
+``P = exp(Q Kᵀ·scale − lse)`` tile by tile: one owns a K/V tile and loops over all query tiles
+(dK, dV), the other owns a query tile and loops over all key tiles (dQ). Each output element is
+written by exactly one program, so there are no atomics and results are bitwise deterministic.
+
+Shapes: every kernel takes (B, H, N, d) tensors through all four strides. ``HEAD_DIM`` is the real
+head dim, ``HEAD_DIM_PADDED`` the next power of two (at least 16) that ``tl.dot`` works on; the
+padded columns are masked on load (read as 0) and on store, so no padded copy is made in HBM.
+Sequence ends: the loops run over full tiles without masks and handle the last partial tile in a
+separate masked step (padded keys get score −inf, padded query rows read as 0 and are not stored).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
+LN2 = 0.6931471805599453  # ln(2): log(x) = log2(x) · LN2
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a @ b``; float32 inputs as true float32 (``ieee``) when IEEE, else tensor-core default."""
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load a tile; masks are applied (other=0) only where the constexpr flags ask for them."""
+    if MASK_ROWS and MASK_COLS:
+        return tl.load(ptrs, mask=row_mask & col_mask, other=0.0)
+    elif MASK_ROWS:
+        return tl.load(ptrs, mask=row_mask, other=0.0)
+    elif MASK_COLS:
+        return tl.load(ptrs, mask=col_mask, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
+              stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+              MASK_N: tl.constexpr):
+    """One K/V tile of the online softmax (Algorithm 1, lines 8-10)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    cols = start_n + offs_n  # (BLOCK_N,)
+    kT_ptrs = K_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
+    kT = _load(kT_ptrs, cols[None, :] < N, offs_d[:, None] < HEAD_DIM, MASK_N, PAD_D)
+    qk = _dot(q, kT, tl.zeros([q.shape[0], kT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_M, BLOCK_N)
+    if MASK_N:
+        qk = tl.where(cols[None, :] < N, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base-2 running max
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
+    v = _load(v_ptrs, cols[:, None] < N, offs_d[None, :] < HEAD_DIM, MASK_N, PAD_D)
+    acc = _dot(p.to(v.dtype), v, acc, IEEE)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def flash_fwd_kernel(
+    Q, K, V, Out, Lse, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N, N_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_M), B·H). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    Q_base = Q + off_b * stride_qb + off_h * stride_qh
+    K_base = K + off_b * stride_kb + off_h * stride_kh
+    V_base = V + off_b * stride_vb + off_h * stride_vh
+    O_base = Out + off_b * stride_ob + off_h * stride_oh
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_m[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+    n_full = (N // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+    if n_full < N:
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2  # natural log
+    tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
+    o_ptrs = O_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask & d_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward preprocess: delta = rowsum(dO ∘ O)   (Algorithm 2, line 4)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def flash_bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_M), B·H); Delta is float32 (B, H, N)."""
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    mask = (offs_m[:, None] < N) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + off_bh.to(tl.int64) * N + offs_m, tl.sum(o * do, 1), mask=offs_m < N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward: dK, dV (one program per K/V tile, looping over query tiles)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
+                   stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+                   MASK_M: tl.constexpr):
+    """One query tile's contribution to dK, dV (Algorithm 2, lines 11-19, transposed)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    rows = start_m + offs_m  # (BLOCK_M1,)
+    qT = _load(Q_base + rows[None, :] * stride_qn + offs_d[:, None] * stride_qd,
+               rows[None, :] < N, offs_d[:, None] < HEAD_DIM, MASK_M, PAD_D)  # (D, BLOCK_M1)
+    do = _load(DO_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
+               rows[:, None] < N, offs_d[None, :] < HEAD_DIM, MASK_M, PAD_D)  # (BLOCK_M1, D)
+    if MASK_M:  # padded rows: lse = +inf makes P = 0 there
+        lse = tl.load(Lse_base + rows, mask=rows < N, other=float("inf")) * LOG2E
+        delta = tl.load(Delta_base + rows, mask=rows < N, other=0.0)
+    else:
+        lse = tl.load(Lse_base + rows) * LOG2E
+        delta = tl.load(Delta_base + rows)
+    qkT = _dot(k, qT, tl.zeros([k.shape[0], qT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_N1, BLOCK_M1)
+    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    dv = _dot(pT.to(do.dtype), do, dv, IEEE)
+    dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
+    dsT = pT * (dpT - delta[None, :])
+    dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def flash_bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, Lse, Delta, softmax_scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, N, N_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N1), B·H). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    Q_base = Q + off_b * stride_qb + off_h * stride_qh
+    DO_base = DO + off_b * stride_dob + off_h * stride_doh
+    Lse_base = Lse + off_bh.to(tl.int64) * N
+    Delta_base = Delta + off_bh.to(tl.int64) * N
+
+    offs_n = tl.program_id(0) * BLOCK_N1 + tl.arange(0, BLOCK_N1)
+    offs_m = tl.arange(0, BLOCK_M1)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_n[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    k = _load(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+              row_mask, d_mask, True, PAD_D)  # (BLOCK_N1, D)
+    v = _load(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+              row_mask, d_mask, True, PAD_D)
+    dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    m_full = (N // BLOCK_M1) * BLOCK_M1
+    for start_m in range(0, m_full, BLOCK_M1):
+        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
+                                stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+    if m_full < N:
+        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
+                                stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+
+    dk = dk * softmax_scale
+    mask = row_mask & d_mask
+    tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward: dQ (one program per query tile, looping over key tiles)
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
+                 stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+                 MASK_N: tl.constexpr):
+    """One key tile's contribution to dQ (Algorithm 2, lines 11-14 and 20)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    cols = start_n + offs_n  # (BLOCK_N2,)
+    kT = _load(K_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+               cols[None, :] < N, offs_d[:, None] < HEAD_DIM, MASK_N, PAD_D)  # (D, BLOCK_N2)
+    vT = _load(V_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd,
+               cols[None, :] < N, offs_d[:, None] < HEAD_DIM, MASK_N, PAD_D)
+    qk = _dot(q, kT, tl.zeros([q.shape[0], kT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_M2, BLOCK_N2)
+    p = tl.math.exp2(qk * qk_scale - lse[:, None])
+    if MASK_N:
+        p = tl.where(cols[None, :] < N, p, 0.0)
+    dp = _dot(do, vT, tl.zeros([do.shape[0], vT.shape[1]], dtype=tl.float32), IEEE)
+    ds = p * (dp - delta[:, None])
+    dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, IEEE)
+    return dq
+
+
+@triton.jit
+def flash_bwd_dq_kernel(
+    Q, K, V, DO, DQ, Lse, Delta, softmax_scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, N, N_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_M2), B·H). dQ = scale · Σ dS K."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    K_base = K + off_b * stride_kb + off_h * stride_kh
+    V_base = V + off_b * stride_vb + off_h * stride_vh
+
+    offs_m = tl.program_id(0) * BLOCK_M2 + tl.arange(0, BLOCK_M2)
+    offs_n = tl.arange(0, BLOCK_N2)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_m[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = _load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+              row_mask, d_mask, True, PAD_D)  # (BLOCK_M2, D)
+    do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
+               + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
+    lse = tl.load(Lse + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0) * LOG2E
+    delta = tl.load(Delta + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
+    dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
+    n_full = (N // BLOCK_N2) * BLOCK_N2
+    for start_n in range(0, n_full, BLOCK_N2):
+        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
+                          stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+    if n_full < N:
+        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
+                          stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+
+    dq = dq * softmax_scale
+    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=row_mask & d_mask)

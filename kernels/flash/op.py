@@ -1,0 +1,152 @@
+"""Launchers for the flash kernels, registered as ``torch.library`` ops with autograd.
+
+``vit_flash::fwd(q, k, v, softmax_scale) -> (out, lse)`` and
+``vit_flash::bwd(do, q, k, v, out, lse, softmax_scale) -> (dq, dk, dv)`` are ``triton_op``s whose
+kernels are launched through ``wrap_triton``: ``torch.compile(fullgraph=True)`` traces into them
+(fake tensors give the output shapes) with no graph break, and Inductor launches the kernels
+itself. Under ``TRITON_INTERPRET=1`` they are opaque ``custom_op``s with fake implementations
+(compile still has no graph break; the op runs eagerly inside the graph). Autograd is registered on the forward
+op and saves ``q, k, v, out, lse`` only. Inputs are assumed valid here; the checks live in
+:func:`kernels.flash.attention`.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from . import configs
+from .kernels import LOG2E, flash_bwd_preprocess_kernel
+
+_ANNOUNCED: set = set()
+
+
+def _launch(tuner, grid, what, q, *args, **meta):
+    """Launch an autotuned kernel; print the tuning time the first time a key is tuned (eager only)."""
+    tuned_before = len(tuner.cache)
+    wrap_triton(tuner)[grid](*args, **meta)
+    if torch.compiler.is_compiling() or len(tuner.cache) == tuned_before:
+        return
+    key = (what, q.shape[-1], q.dtype, configs.n_bucket(q.shape[-2]))
+    if key not in _ANNOUNCED:
+        _ANNOUNCED.add(key)
+        print(f"[flash] tuned {what} for head_dim={key[1]}, {key[2]}, N bucket {key[3]} in "
+              f"{getattr(tuner, 'bench_time', float('nan')):.2f} s: {tuner.best_config}", file=sys.stderr, flush=True)
+
+
+def _meta(q):
+    d = q.shape[-1]
+    return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
+
+
+def launch_fwd(tuner, q, k, v, out, lse, softmax_scale):
+    """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse."""
+    B, H, N = q.shape[:3]
+
+    def grid(META):
+        return (triton.cdiv(N, META["BLOCK_M"]), B * H)
+
+    _launch(tuner, grid, "fwd", q,
+            q, k, v, out, lse, softmax_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            H, N, configs.n_bucket(N), **_meta(q))
+
+
+def launch_preprocess(out, do, delta):
+    B, H, N, d = out.shape
+    block = configs.PREPROCESS_BLOCK_M
+    wrap_triton(flash_bwd_preprocess_kernel)[(triton.cdiv(N, block), B * H)](
+        out, do, delta, *out.stride(), *do.stride(), H, N,
+        HEAD_DIM=d, HEAD_DIM_PADDED=configs.head_dim_padded(d), BLOCK_M=block)
+
+
+def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale):
+    B, H, N = q.shape[:3]
+
+    def grid(META):
+        return (triton.cdiv(N, META["BLOCK_N1"]), B * H)
+
+    _launch(tuner, grid, "bwd dk/dv", q,
+            q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+            H, N, configs.n_bucket(N), **_meta(q))
+
+
+def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale):
+    B, H, N = q.shape[:3]
+
+    def grid(META):
+        return (triton.cdiv(N, META["BLOCK_M2"]), B * H)
+
+    _launch(tuner, grid, "bwd dq", q,
+            q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+            H, N, configs.n_bucket(N), **_meta(q))
+
+
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, H, N, d = q.shape
+    out = torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)  # (B, H, N, d)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # (B, H, N), natural log
+    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale)
+    return out, lse
+
+
+def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, N, d = q.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
+    launch_preprocess(out, do, delta)
+    dq = torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, H, N, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, H, N, d), dtype=v.dtype, device=v.device)
+    cls = configs.head_dim_class(d)
+    launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale)
+    launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale)
+    return dq, dk, dv
+
+
+def _fwd_fake(q, k, v, softmax_scale):
+    B, H, N, d = q.shape
+    return q.new_empty((B, H, N, d)), q.new_empty((B, H, N), dtype=torch.float32)
+
+
+def _bwd_fake(do, q, k, v, out, lse, softmax_scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _register(name, fn, fake):
+    """A ``triton_op`` (compile sees the kernels); under the interpreter, which ``wrap_triton``
+    cannot trace, an opaque ``custom_op`` with an explicit fake implementation instead."""
+    if configs.INTERPRETED:
+        op = torch.library.custom_op(name, fn, mutates_args=())
+        op.register_fake(fake)
+        return op
+    return triton_op(name, mutates_args=())(fn)
+
+
+_fwd_op = _register("vit_flash::fwd", _fwd, _fwd_fake)
+_register("vit_flash::bwd", _bwd, _bwd_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    # lse is non-differentiable (an auxiliary output for the backward), so dlse carries nothing.
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.vit_flash.bwd(dout, q, k, v, out, lse, ctx.softmax_scale)
+    return dq, dk, dv, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+fwd = torch.ops.vit_flash.fwd
+bwd = torch.ops.vit_flash.bwd
