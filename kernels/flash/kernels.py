@@ -24,8 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E)
-LN2 = 0.6931471805599453  # ln(2): log(x) = log2(x) · LN2
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E); a float for the launchers
+_LOG2E = tl.constexpr(LOG2E)  # the same, as a constexpr the kernels can read
+_LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log(x) = log2(x) · ln(2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,7 +124,7 @@ def flash_fwd_kernel(
                                   HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
 
     acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2  # natural log
+    lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
     o_ptrs = O_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask & d_mask)
@@ -170,10 +171,10 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
     do = _load(DO_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
                rows[:, None] < N, offs_d[None, :] < HEAD_DIM, MASK_M, PAD_D)  # (BLOCK_M1, D)
     if MASK_M:  # padded rows: lse = +inf makes P = 0 there
-        lse = tl.load(Lse_base + rows, mask=rows < N, other=float("inf")) * LOG2E
+        lse = tl.load(Lse_base + rows, mask=rows < N, other=float("inf")) * _LOG2E
         delta = tl.load(Delta_base + rows, mask=rows < N, other=0.0)
     else:
-        lse = tl.load(Lse_base + rows) * LOG2E
+        lse = tl.load(Lse_base + rows) * _LOG2E
         delta = tl.load(Delta_base + rows)
     qkT = _dot(k, qT, tl.zeros([k.shape[0], qT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_N1, BLOCK_M1)
     pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
@@ -290,7 +291,7 @@ def flash_bwd_dq_kernel(
               row_mask, d_mask, True, PAD_D)  # (BLOCK_M2, D)
     do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
                + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
-    lse = tl.load(Lse + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0) * LOG2E
+    lse = tl.load(Lse + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0) * _LOG2E
     delta = tl.load(Delta + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
     n_full = (N // BLOCK_N2) * BLOCK_N2
