@@ -1,0 +1,222 @@
+"""End to end on the embedded digits: train 2 epochs, resume exactly, evaluate, read the W&B run back.
+
+One 2-epoch run (module fixture) feeds the resume, eval and W&B tests; the error tests stop before
+any training. W&B runs offline into a temporary WANDB_DIR.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+import kernels
+from eval import evaluate_checkpoint
+from train import train
+from vit.checkpoint import list_checkpoints, load_checkpoint
+from vit.data import export_digits
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+TRAIN_KEYS = ["train/loss", "train/lr", "train/images_per_s", "train/tokens_per_s", "train/step_time_ms",
+              "train/data_wait_ms", "train/peak_mem_allocated_mb", "train/peak_mem_reserved_mb"]
+VAL_KEYS = ["val/loss", "val/top1", "val/top5"]
+
+
+def compose_cfg(name: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        return compose(config_name=name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def digits_root(tmp_path_factory):
+    return export_digits(tmp_path_factory.mktemp("cache") / "digits")
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, digits_root):
+    """2 epochs, naive attention, mid-epoch checkpoints every 15 steps, all checkpoints kept, W&B offline."""
+    tmp = tmp_path_factory.mktemp("run_a")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_DIR", str(tmp / "wandb_dir"))
+        mp.setenv("WANDB_SILENT", "true")
+        cfg = compose_cfg("train", ["epochs=2", f"out_dir={tmp / 'out'}", f"data.root={digits_root}",
+                                    "attention=naive", "logger=wandb", "checkpoint.keep_last=0",
+                                    "checkpoint.every_steps=15", "log_every=5", "progress=false"])
+        return train(cfg)
+
+
+def step_ckpts(result) -> list[Path]:
+    return list_checkpoints(Path(result["out_dir"]) / "checkpoints")
+
+
+def resume_run(tmp_path, digits_root, ckpt: Path):
+    cfg = compose_cfg("train", ["epochs=2", f"out_dir={tmp_path}", f"data.root={digits_root}", "attention=naive",
+                                "logger=none", f"resume={ckpt}", "progress=false"])
+    return train(cfg)
+
+
+def assert_same_weights(a: Path, b: Path):
+    sa, sb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs"
+
+
+def test_two_epoch_run_learns_and_writes_checkpoints(run_a):
+    hist = run_a["history"]
+    assert [h["epoch"] for h in hist] == [1, 2]
+    assert hist[1]["train_loss"] < hist[0]["train_loss"] < math.log(10)  # below chance-level loss
+    assert run_a["val"]["top1"] > 10.0 + 10  # well above chance (10 %) after 2 epochs
+    ckpt = load_checkpoint(run_a["checkpoint"])
+    assert ckpt["epoch"] == 2 and ckpt["step_in_epoch"] == 0 and ckpt["step"] == run_a["steps"]
+    assert ckpt["config"]["model"]["size"] == "debug" and ckpt["config"]["attention"]["name"] == "naive"
+    assert {"torch", "numpy", "python"} <= ckpt["rng"].keys() and "optimizer" in ckpt
+    assert ckpt["classes"] == [str(i) for i in range(10)]
+    best = load_checkpoint(Path(run_a["out_dir"]) / "checkpoints" / "best.pt")
+    assert best["metrics"]["top1"] == run_a["best_top1"] and "optimizer" not in best
+
+
+def test_resume_from_epoch_1_reproduces_epoch_2_exactly(run_a, digits_root, tmp_path):
+    per_epoch = run_a["steps"] // 2
+    epoch1 = [p for p in step_ckpts(run_a) if load_checkpoint(p)["step"] == per_epoch]
+    assert len(epoch1) == 1 and load_checkpoint(epoch1[0])["epoch"] == 1
+    resumed = resume_run(tmp_path, digits_root, epoch1[0])
+    assert [h["epoch"] for h in resumed["history"]] == [2]
+    assert resumed["history"][0]["train_loss"] == run_a["history"][1]["train_loss"]  # exact, CPU is deterministic
+    assert resumed["history"][0]["val_loss"] == run_a["history"][1]["val_loss"]
+    assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
+
+
+def test_mid_epoch_resume_reproduces_final_weights(run_a, digits_root, tmp_path):
+    mid = [p for p in step_ckpts(run_a) if load_checkpoint(p)["step_in_epoch"] > 0]
+    assert mid, "checkpoint.every_steps=15 should have written mid-epoch checkpoints"
+    state = load_checkpoint(mid[-1])
+    assert state["sampler"]["position"] == state["step_in_epoch"] * 64
+    resumed = resume_run(tmp_path, digits_root, mid[-1])
+    assert resumed["val"]["loss"] == run_a["val"]["loss"]
+    assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa"])
+def test_eval_reproduces_training_top1(run_a, digits_root, tmp_path, attention):
+    cfg = compose_cfg("eval", [f"checkpoint={run_a['checkpoint']}", f"attention={attention}", "logger=none",
+                               f"out_dir={tmp_path}"])
+    metrics = evaluate_checkpoint(cfg)
+    assert metrics["backend"] == attention and metrics["images"] == 360
+    assert abs(metrics["top1"] - run_a["val"]["top1"]) <= 0.1
+    assert abs(metrics["loss"] - run_a["val"]["loss"]) <= 1e-4
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["top1"] == metrics["top1"]
+
+
+def read_wandb_records(path: Path) -> list:
+    """Records of a ``.wandb`` file: W&B's LevelDB-style log (7-byte file header, 32 KiB blocks, 7-byte
+    record headers: crc32c, little-endian length, type FULL=1/FIRST=2/MIDDLE=3/LAST=4) of protobuf
+    ``wandb_internal_pb2.Record`` messages."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path} is not a W&B run file"
+    pos, block, pending, records = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer padding
+            pos += block - pos % block
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_run_holds_throughput_and_memory(run_a):
+    run_dir = Path(run_a["wandb_dir"])
+    assert run_dir.parent.parent == Path(run_a["out_dir"]) and run_dir.name.startswith("offline-run-")
+    records = read_wandb_records(next(run_dir.glob("run-*.wandb")))
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+               for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+    config = {i.key: json.loads(i.value_json) for r in records if r.WhichOneof("record_type") == "run"
+              for i in r.run.config.update}
+    train_rows = [h for h in history if "train/loss" in h]
+    assert len(train_rows) >= 2 * 22 // 5
+    for key in TRAIN_KEYS:
+        assert all(key in h for h in train_rows), f"{key} missing from the W&B history"
+    assert all(h["train/images_per_s"] > 0 and h["train/tokens_per_s"] == pytest.approx(65 * h["train/images_per_s"])
+               for h in train_rows)
+    assert all(h["train/peak_mem_allocated_mb"] == 0 for h in train_rows)  # CPU run
+    val_rows = [h for h in history if "val/top1" in h]
+    assert [h["epoch"] for h in val_rows] == [1, 2] and all(k in val_rows[0] for k in VAL_KEYS)
+    assert val_rows[-1]["val/top1"] == pytest.approx(run_a["val"]["top1"])
+    assert summary["backend"] == "naive" and summary["final/val_top1"] == pytest.approx(run_a["val"]["top1"])
+    assert config["env"]["backend"] == "naive" and config["model"]["size"] == "debug"
+    assert not any("API_KEY" in json.dumps(v) for v in config.values())
+
+
+def test_unknown_backend_is_a_clear_error():
+    cfg = compose_cfg("train", ["attention.name=flashy"])
+    with pytest.raises(ValueError, match=r"attention.name='flashy'.*auto, cuda, flash, naive, sdpa"):
+        train(cfg)
+
+
+def test_unavailable_backend_never_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setitem(kernels.BACKENDS, "flash", ("kernels._not_built_yet", "attention"))
+    cfg = compose_cfg("train", ["attention=flash", f"out_dir={tmp_path}", "logger=none"])
+    with pytest.raises(RuntimeError, match=r"'flash' is not available.*no automatic fallback"):
+        train(cfg)
+
+
+def test_missing_dataset_path_is_a_clear_error(tmp_path):
+    cfg = compose_cfg("train", ["data=imagefolder", f"data.root={tmp_path / 'nope'}", "logger=none",
+                                f"out_dir={tmp_path / 'out'}", "attention=naive"])
+    with pytest.raises(FileNotFoundError, match=r"nope/train does not exist.*data.root"):
+        train(cfg)
+
+
+def make_folder(root: Path, layout: dict[str, dict[str, int]]) -> Path:
+    """``layout = {"train": {"cat": 2, ...}, ...}``: that many random 8×8 PNGs per class folder."""
+    for split, classes in layout.items():
+        for cls, count in classes.items():
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(torch.randint(0, 255, (8, 8, 3), dtype=torch.uint8).numpy()).save(
+                    root / split / cls / f"{i}.png")
+    return root
+
+
+def test_empty_class_folder_is_a_clear_error(tmp_path):
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 2, "dog": 0}, "val": {"cat": 1, "dog": 1}})
+    cfg = compose_cfg("train", ["data=imagefolder", f"data.root={root}", "data.img_size=32", "logger=none",
+                                f"out_dir={tmp_path / 'out'}", "attention=naive", "model=debug"])
+    with pytest.raises(FileNotFoundError, match=r"dog.*every class folder needs at least one image"):
+        train(cfg)
+
+
+def test_class_mismatch_between_splits_is_a_clear_error(tmp_path):
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 1, "dog": 1}, "val": {"cat": 1, "emu": 1}})
+    cfg = compose_cfg("train", ["data=imagefolder", f"data.root={root}", "data.img_size=32", "logger=none",
+                                f"out_dir={tmp_path / 'out'}", "attention=naive"])
+    with pytest.raises(ValueError, match=r"only in train \['dog'\], only in val \['emu'\]"):
+        train(cfg)
+
+
+def test_checkpoint_of_another_model_size_is_a_clear_error(run_a, digits_root, tmp_path):
+    cfg = compose_cfg("train", ["model=tiny", f"data.root={digits_root}", "logger=none", f"out_dir={tmp_path}",
+                                "attention=naive", f"resume={run_a['checkpoint']}"])
+    with pytest.raises(RuntimeError, match=r"size: debug in checkpoint, tiny in this run"):
+        train(cfg)
+    cfg = compose_cfg("eval", [f"checkpoint={run_a['checkpoint']}", "model=tiny", "logger=none",
+                               f"out_dir={tmp_path}"])
+    with pytest.raises(RuntimeError, match=r"does not fit the model"):
+        evaluate_checkpoint(cfg)
