@@ -150,7 +150,8 @@ def train(cfg: DictConfig) -> dict:
             backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress)
         last_val = evaluate(model, data.val_loader, device, amp_dtype)
         state.epoch, state.step_in_epoch = epoch + 1, 0
-        logger.log({**{f"val/{k}": v for k, v in last_val.items() if k != "images"}, "epoch": state.epoch},
+        logger.log({**{f"val/{k}": v for k, v in last_val.items() if k != "images"}, "epoch": state.epoch,
+                    "data/bad_files": data.num_bad()},
                    step=state.step, prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
         history.append({"epoch": state.epoch, "train_loss": train_loss, **{f"val_{k}": v for k, v in last_val.items()}})
         improved = last_val["top1"] > state.best_top1

@@ -97,7 +97,7 @@ def test_mid_epoch_resume_reproduces_final_weights(run_a, digits_root, tmp_path)
     mid = [p for p in step_ckpts(run_a) if load_checkpoint(p)["step_in_epoch"] > 0]
     assert mid, "checkpoint.every_steps=15 should have written mid-epoch checkpoints"
     state = load_checkpoint(mid[-1])
-    assert state["sampler"]["position"] == state["step_in_epoch"] * 64
+    assert state["sampler"]["position"] == state["step_in_epoch"] * state["config"]["batch_size"]
     resumed = resume_run(tmp_path, digits_root, mid[-1])
     assert resumed["val"]["loss"] == run_a["val"]["loss"]
     assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
@@ -150,7 +150,7 @@ def test_wandb_offline_run_holds_throughput_and_memory(run_a):
     config = {i.key: json.loads(i.value_json) for r in records if r.WhichOneof("record_type") == "run"
               for i in r.run.config.update}
     train_rows = [h for h in history if "train/loss" in h]
-    assert len(train_rows) >= 2 * 22 // 5
+    assert len(train_rows) >= run_a["steps"] // 5
     for key in TRAIN_KEYS:
         assert all(key in h for h in train_rows), f"{key} missing from the W&B history"
     assert all(h["train/images_per_s"] > 0 and h["train/tokens_per_s"] == pytest.approx(65 * h["train/images_per_s"])
@@ -180,7 +180,7 @@ def test_unavailable_backend_never_falls_back(monkeypatch, tmp_path):
 def test_missing_dataset_path_is_a_clear_error(tmp_path):
     cfg = compose_cfg("train", ["data=imagefolder", f"data.root={tmp_path / 'nope'}", "logger=none",
                                 f"out_dir={tmp_path / 'out'}", "attention=naive"])
-    with pytest.raises(FileNotFoundError, match=r"nope/train does not exist.*data.root"):
+    with pytest.raises(FileNotFoundError, match=r"nope does not exist \(set data.root\)"):
         train(cfg)
 
 
@@ -199,7 +199,7 @@ def test_empty_class_folder_is_a_clear_error(tmp_path):
     root = make_folder(tmp_path / "ds", {"train": {"cat": 2, "dog": 0}, "val": {"cat": 1, "dog": 1}})
     cfg = compose_cfg("train", ["data=imagefolder", f"data.root={root}", "data.img_size=32", "logger=none",
                                 f"out_dir={tmp_path / 'out'}", "attention=naive", "model=debug"])
-    with pytest.raises(FileNotFoundError, match=r"dog.*every class folder needs at least one image"):
+    with pytest.raises(ValueError, match=r"class folder\(s\) hold no image file.*dog"):
         train(cfg)
 
 
@@ -207,7 +207,7 @@ def test_class_mismatch_between_splits_is_a_clear_error(tmp_path):
     root = make_folder(tmp_path / "ds", {"train": {"cat": 1, "dog": 1}, "val": {"cat": 1, "emu": 1}})
     cfg = compose_cfg("train", ["data=imagefolder", f"data.root={root}", "data.img_size=32", "logger=none",
                                 f"out_dir={tmp_path / 'out'}", "attention=naive"])
-    with pytest.raises(ValueError, match=r"only in train \['dog'\], only in val \['emu'\]"):
+    with pytest.raises(ValueError, match=r"only in train: \['dog'\], only in val: \['emu'\]"):
         train(cfg)
 
 

@@ -70,31 +70,21 @@ def export_digits(root: str | os.PathLike | None = None) -> Path:
     return root
 
 
-def rgb_loader(path: str) -> Image.Image:
-    """Open an image file and convert it to 3-channel RGB (grayscale, palette, RGBA, CMYK...)."""
-    with open(path, "rb") as f:
-        return Image.open(f).convert("RGB")
-
-
-def build_imagefolder(root: str | os.PathLike, split: str, transform) -> Dataset:
+def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fraction: float = 0.01,
+                      verify: bool = False) -> Dataset:
     """The ``root/split/<class>/*`` folder as a dataset of (transformed RGB image, class index).
 
-    Classes are the sub-folder names in sorted order (torchvision ``ImageFolder``).
+    Classes are the sub-folder names in sorted order. Decoding, RGB conversion and bad-file handling
+    (skipped with one warning each, counted in ``num_bad``) are :class:`vit.images.RobustImageFolder`'s.
 
     Raises:
-        FileNotFoundError: ``root/split`` does not exist, or a class folder holds no image.
+        FileNotFoundError: ``root`` or ``root/split`` does not exist.
+        ValueError: a class folder holds no image.
+        RuntimeError: more than ``max_bad_fraction`` of the files cannot be decoded.
     """
-    from torchvision.datasets import ImageFolder
+    from vit.images import open_split
 
-    folder = Path(root) / split
-    if not folder.is_dir():
-        raise FileNotFoundError(f"dataset folder {folder} does not exist; data.root must hold "
-                                f"train/<class>/ and val/<class>/ sub-folders (set data.root=/path/to/dataset)")
-    try:
-        return ImageFolder(str(folder), transform=transform, loader=rgb_loader)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"{e} under {folder}: every class folder needs at least one image "
-                                f"(.jpg, .jpeg, .png, ...); remove empty class folders or add images") from None
+    return open_split(root, split, transform, max_bad_fraction=max_bad_fraction, verify=verify)
 
 
 def build_transform(cfg, is_training: bool):
@@ -210,6 +200,11 @@ class Data:
             self.sampler.set_epoch(epoch, position)
             self.train_set.epoch = epoch
 
+    def num_bad(self) -> int:
+        """Undecodable image files met so far in train and val (0 for synthetic data)."""
+        sets = [self.train_set.dataset if self.train_set is not None else None, getattr(self.val_loader, "dataset", None)]
+        return sum(getattr(s, "num_bad", 0) for s in sets if s is not None)
+
 
 def data_root(cfg) -> Path:
     """The dataset folder from a ``data`` config (relative paths are taken from the launch directory);
@@ -230,21 +225,21 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     """Loaders for a ``data`` config (``digits``, ``imagefolder`` or ``synthetic``).
 
     Raises:
-        FileNotFoundError: missing dataset folder or empty class folder.
-        ValueError: train and val class folders differ; no root set.
+        FileNotFoundError: missing dataset folder.
+        ValueError: empty class folder; train and val class folders differ; no root set.
+        RuntimeError: too many undecodable files (``data.max_bad_fraction``).
     """
     if cfg.name == "synthetic":
         train = SyntheticLoader(cfg.train_samples, micro_batch, cfg.img_size, cfg.num_classes, device, seed)
         val = SyntheticLoader(cfg.val_samples, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 1)
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
+    from vit.images import check_same_classes
+
     root = data_root(cfg)
-    train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True))
-    val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False))
-    if train_set.classes != val_set.classes:
-        only_train = sorted(set(train_set.classes) - set(val_set.classes))
-        only_val = sorted(set(val_set.classes) - set(train_set.classes))
-        raise ValueError(f"class folders differ between {root}/train and {root}/val: only in train {only_train}, "
-                         f"only in val {only_val}; both splits need the same class sub-folders")
+    folder_args = dict(max_bad_fraction=cfg.max_bad_fraction, verify=cfg.verify)
+    train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True), **folder_args)
+    val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False), **folder_args)
+    check_same_classes(train_set, val_set)
     seeded = SeededDataset(train_set, seed)
     sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
     pin = torch.device(device).type == "cuda"
@@ -263,7 +258,8 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object
     if cfg.name == "synthetic":
         loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1)
         return loader, [str(i) for i in range(cfg.num_classes)]
-    val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False))
+    val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
+                                max_bad_fraction=cfg.max_bad_fraction, verify=cfg.verify)
     loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
                         pin_memory=torch.device(device).type == "cuda", generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes
