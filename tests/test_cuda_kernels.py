@@ -100,6 +100,21 @@ def test_vector_add_sass_uses_16_byte_accesses(cubins):
     assert re.search(r"LDG\.E\.128", sass) and re.search(r"STG\.E\.128", sass), "vector add lost its float4 path"
 
 
+@pytest.mark.slow
+def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
+    """The host binding (api.cpp, torch headers) too: cpp_extension builds and imports the module."""
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not found: install the CUDA toolkit and set CUDA_HOME=/usr/local/cuda")
+    monkeypatch.setenv("VIT_KERNELS_BUILD_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    build.extension.cache_clear()
+    try:
+        module = build.extension()
+    finally:
+        build.extension.cache_clear()
+    assert all(hasattr(module, name) for name in ("fwd", "bwd", "vector_add"))
+
+
 # --- input validation (no GPU, no extension) ---
 
 def _qkv(shape=(2, 3, 17, 64), dtype=torch.bfloat16):

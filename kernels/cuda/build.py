@@ -29,14 +29,24 @@ def sources() -> list[Path]:
     return [CSRC / "api.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")), *sorted(CSRC.glob("bwd_hdim*.cu"))]
 
 
-def find_nvcc() -> str | None:
-    """Path of nvcc under ``CUDA_HOME`` (as torch resolves it) or on ``PATH``; None if absent."""
+def cuda_home() -> str | None:
+    """The CUDA toolkit root: the first of $CUDA_HOME, $CUDA_PATH, torch's guess, nvcc's folder on
+    PATH and /usr/local/cuda that holds both bin/nvcc and include/cuda_runtime.h; None if none does."""
     from torch.utils import cpp_extension
 
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or cpp_extension.CUDA_HOME
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    which = shutil.which("nvcc")
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME,
+                  str(Path(which).resolve().parent.parent) if which else None, "/usr/local/cuda"]
+    for home in candidates:
+        if home and (Path(home) / "bin" / "nvcc").is_file() and (Path(home) / "include" / "cuda_runtime.h").is_file():
+            return home
+    return None
+
+
+def find_nvcc() -> str | None:
+    """Path of nvcc in :func:`cuda_home`; None if there is no usable toolkit."""
+    home = cuda_home()
+    return str(Path(home) / "bin" / "nvcc") if home else None
 
 
 def arch_list() -> str:
@@ -78,7 +88,8 @@ def extension(verbose: bool = False):
         )
     from torch.utils import cpp_extension
 
-    os.environ.setdefault("CUDA_HOME", str(Path(nvcc).parent.parent))
+    # torch guesses CUDA_HOME once at import (from `which nvcc`, possibly a wrapper outside the toolkit)
+    cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(Path(nvcc).parent.parent)
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
     try:

@@ -17,7 +17,9 @@ from .build import extension
 
 # Warps per CTA of the dK/dV kernel (16 key rows each): 4 -> 64 keys per CTA, 2 CTAs per SM
 # (247 registers); 8 -> 128 keys per CTA, half the dQ atomics and Q/dO re-reads, 1 CTA per SM.
-BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "4"))
+# H200, bf16, fwd+bwd: 8 warps 6.42 ms vs 4 warps 6.93 ms at (8, 12, 4096, 64); 1.37 ms both at
+# (256, 12, 197, 64) (benchmarks/results/cuda_h200.md). Override with VIT_CUDA_BWD_WARPS=4.
+BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "8"))
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
