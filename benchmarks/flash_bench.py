@@ -5,7 +5,9 @@
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
-timings after 3 warm-ups, with inputs rotated over sets larger than the 60 MB L2. Peak = the
+timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
+hidden as in a training loop; the host cost per call is printed last), with inputs rotated over
+sets larger than the 60 MB L2. Peak = the
 extra memory allocated during forward+backward beyond the inputs.
 """
 from __future__ import annotations
@@ -26,7 +28,8 @@ SHAPES = [(256, 12, 197, 64), (128, 16, 577, 64), (32, 12, 1024, 64), (8, 12, 40
           (8, 16, 4096, 128), (256, 12, 197, 128)]
 # Shapes of tests/test_flash.py's GPU tests whose compiled kernels differ (Triton specializes ints on
 # divisibility by 16), so --warm fills the cache for them too.
-TEST_SHAPES = [(1, 2, n, d) for n in (197, 4096) for d in (32, 64, 80, 128)] + [(2, 12, 4096, 64)]
+TEST_SHAPES = ([(1, 2, n, d) for n in (197, 4096) for d in (32, 64, 80, 128)] + [(1, 2, 577, 96), (1, 2, 577, 256)]
+               + [(2, 2, n, d) for n, d in ((197, 64), (1025, 80), (4096, 128), (577, 32))] + [(2, 12, 4096, 64)])
 L2_BYTES = 60 * 2**20
 
 
@@ -49,17 +52,37 @@ def backends():
 
 
 def _median_ms(step, n_sets, reps=20, warmup=3):
+    """Median GPU time of ``step(i)``: events recorded back to back and read after one final sync
+    (as ``triton.testing.do_bench``), so host-side launch cost overlaps the previous iteration."""
     for i in range(warmup):
         step(i % n_sets)
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (start, end) in enumerate(events):
         start.record()
         step(i % n_sets)
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[len(times) // 2]
+
+
+def host_overhead_us(fns, shape=(1, 1, 128, 64), calls=200):
+    """Host time per call at a tiny shape, where the GPU work is negligible: launch overhead."""
+    q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    lines = []
+    for name, fn in fns.items():
+        for label, call in (("fwd", lambda fn=fn: fn(q, k, v)),
+                            ("fwd+bwd", lambda fn=fn: torch.autograd.grad(fn(*leaves), leaves, do))):
+            call()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+            lines.append(f"{name} {label}: {(time.perf_counter() - start) / calls * 1e6:.0f} us")
+    return "host time per call at (1, 1, 128, 64): " + "; ".join(lines)
 
 
 def bench_shape(shape, fns, dtype=torch.bfloat16):
@@ -106,6 +129,7 @@ def table(shapes):
         print(lines[-3], lines[-2], lines[-1], sep="\n", flush=True)
     print("\n".join(lines))
     print("\nours / peer TFLOP/s:\n" + "\n".join(ratios))
+    print("\n" + host_overhead_us(fns))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,6 +196,13 @@ def test_gpu_matches_float64(seq_len, head_dim, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [96, 256])
+def test_gpu_other_head_dims(head_dim):
+    q, k, v = make_qkv(1, 2, 577, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("seq_len, head_dim", [(197, 64), (1025, 80), (4096, 128), (577, 32)])
 def test_gpu_compiled_matches_float64(seq_len, head_dim):
     torch._dynamo.reset()

@@ -94,6 +94,7 @@ def flash_fwd_kernel(
 ):
     """Grid (cdiv(N, BLOCK_M), B·H). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
@@ -200,6 +201,7 @@ def flash_bwd_dkdv_kernel(
 ):
     """Grid (cdiv(N, BLOCK_N1), B·H). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
@@ -276,6 +278,7 @@ def flash_bwd_dq_kernel(
 ):
     """Grid (cdiv(N, BLOCK_M2), B·H). dQ = scale · Σ dS K."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
