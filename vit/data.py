@@ -220,6 +220,11 @@ def data_root(cfg) -> Path:
     return Path(root)
 
 
+def folder_options(cfg) -> dict:
+    """Bad-file options for :func:`build_imagefolder` (defaults for configs that predate them)."""
+    return dict(max_bad_fraction=cfg.get("max_bad_fraction", 0.01), verify=cfg.get("verify", False))
+
+
 def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_replicas: int = 1,
                rank: int = 0) -> Data:
     """Loaders for a ``data`` config (``digits``, ``imagefolder`` or ``synthetic``).
@@ -236,7 +241,7 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     from vit.images import check_same_classes
 
     root = data_root(cfg)
-    folder_args = dict(max_bad_fraction=cfg.max_bad_fraction, verify=cfg.verify)
+    folder_args = folder_options(cfg)
     train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True), **folder_args)
     val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False), **folder_args)
     check_same_classes(train_set, val_set)
@@ -259,7 +264,7 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object
         loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1)
         return loader, [str(i) for i in range(cfg.num_classes)]
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
-                                max_bad_fraction=cfg.max_bad_fraction, verify=cfg.verify)
+                                **folder_options(cfg))
     loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
                         pin_memory=torch.device(device).type == "cuda", generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes
