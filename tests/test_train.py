@@ -220,3 +220,51 @@ def test_checkpoint_of_another_model_size_is_a_clear_error(run_a, digits_root, t
                                f"out_dir={tmp_path}"])
     with pytest.raises(RuntimeError, match=r"does not fit the model"):
         evaluate_checkpoint(cfg)
+
+
+class _Logger:
+    rank = 0
+
+    def __init__(self):
+        self.lines = []
+
+    def print(self, msg):
+        self.lines.append(msg)
+
+    def log(self, metrics, step, prefix=""):
+        pass
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nonfinite_loss_policy(policy):
+    """A NaN batch at step 2: 'stop' raises naming step 2; 'skip' leaves the weights untouched on the
+    bad steps and stops once more than max_skips steps were skipped."""
+    from timm.scheduler import CosineLRScheduler
+
+    from vit.engine import NonFiniteLossError, TrainState, train_epoch
+    from vit.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=3)
+    good = (torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0]))
+    bad = (torch.full((4, 3, 8, 8), float("nan")), good[1])
+    loader = [good, bad, bad, bad, good]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = CosineLRScheduler(optimizer, t_initial=5, t_in_epochs=False)
+    state, logger = TrainState(), _Logger()
+    kwargs = dict(device=torch.device("cpu"), amp_dtype=None, grad_accum=1, clip_grad=1.0, label_smoothing=0.0,
+                  steps_per_epoch=5, world_size=1, log_every=10, nonfinite_policy=policy, max_nonfinite_skips=2,
+                  logger=logger, backend="naive", seq_len=5, progress=False)
+    before = {}
+
+    def on_step_end(s):
+        before[s.step] = model.head.weight.detach().clone()
+
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss .* at step (2|4) "):
+        train_epoch(model, loader, optimizer, scheduler, state, on_step_end=on_step_end, **kwargs)
+    if policy == "stop":
+        assert state.step == 1 and state.nonfinite_skips == 1
+    else:  # steps 2 and 3 skipped (weights as after step 1), step 4 is the third bad one: stop
+        assert state.nonfinite_skips == 3 and len([m for m in logger.lines if "step skipped" in m]) == 2
+        assert torch.equal(before[2], before[1]) and torch.equal(before[3], before[1])
+        assert torch.isfinite(model.head.weight).all()
