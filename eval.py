@@ -64,7 +64,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
     margs["img_size"] = data_cfg.img_size
     attention_name = cfg.attention.name if "attention" in cfg else run_cfg.attention.name
     check_model_config(OmegaConf.create({"model": {"size": margs["size"], "patch_size": margs["patch_size"]},
-                                         "data": {"img_size": margs["img_size"]}, "attention": {"name": attention_name}}))
+                                         "data": {"img_size": margs["img_size"]},
+                                         "attention": {"name": attention_name}}))
 
     device = resolve_device(cfg.device)
     backend = resolve_backend(attention_name, device)

@@ -18,10 +18,26 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from vit.build import (build_model, build_optimizer, build_scheduler, check_train_config, model_args,
-                       resolve_amp, resolve_backend, resolve_device)
-from vit.checkpoint import (capture_rng_state, find_latest_checkpoint, load_checkpoint, load_model_weights,
-                            prune_checkpoints, restore_rng_state, save_checkpoint, step_checkpoint_path)
+from vit.build import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    check_train_config,
+    model_args,
+    resolve_amp,
+    resolve_backend,
+    resolve_device,
+)
+from vit.checkpoint import (
+    capture_rng_state,
+    find_latest_checkpoint,
+    load_checkpoint,
+    load_model_weights,
+    prune_checkpoints,
+    restore_rng_state,
+    save_checkpoint,
+    step_checkpoint_path,
+)
 from vit.data import build_data
 from vit.engine import TrainState, evaluate, train_epoch
 from vit.logger import RunLogger, environment
@@ -172,7 +188,8 @@ def train(cfg: DictConfig) -> dict:
               "checkpoint": str(last_path) if last_path else None, "best_checkpoint": str(ckpt_dir / "best.pt"),
               "wandb_dir": wandb_dir, "backend": backend, "train_seconds": train_seconds, "steps": state.step}
     if rank == 0 and last_val:
-        print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, loss {last_val['loss']:.4f}) "
+        print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, "
+              f"loss {last_val['loss']:.4f}) "
               f"after {state.epoch} epochs, {train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
         print(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
         print(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import check_against_reference, forward_backward, make_qkv, max_err, reference_attention
+
 from kernels import available_backends, get_attention
 
 SEQ_LENS = [1, 17, 65, 197]

@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from vit.checkpoint import (capture_rng_state, find_latest_checkpoint, list_checkpoints, load_checkpoint,
-                            load_state_dict_file, prune_checkpoints, restore_rng_state, save_checkpoint,
-                            step_checkpoint_path)
+from vit.checkpoint import (
+    capture_rng_state,
+    find_latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_state_dict_file,
+    prune_checkpoints,
+    restore_rng_state,
+    save_checkpoint,
+    step_checkpoint_path,
+)
 
 
 def test_save_is_atomic_and_roundtrips(tmp_path):

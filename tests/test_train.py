@@ -252,9 +252,10 @@ def test_nonfinite_loss_policy(policy):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = CosineLRScheduler(optimizer, t_initial=5, t_in_epochs=False)
     state, logger = TrainState(), _Logger()
-    kwargs = dict(device=torch.device("cpu"), amp_dtype=None, grad_accum=1, clip_grad=1.0, label_smoothing=0.0,
-                  steps_per_epoch=5, world_size=1, log_every=10, nonfinite_policy=policy, max_nonfinite_skips=2,
-                  logger=logger, backend="naive", seq_len=5, progress=False)
+    kwargs = {"device": torch.device("cpu"), "amp_dtype": None, "grad_accum": 1, "clip_grad": 1.0,
+              "label_smoothing": 0.0, "steps_per_epoch": 5, "world_size": 1, "log_every": 10,
+              "nonfinite_policy": policy, "max_nonfinite_skips": 2, "logger": logger, "backend": "naive",
+              "seq_len": 5, "progress": False}
     before = {}
 
     def on_step_end(s):

@@ -94,8 +94,8 @@ def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
 def model_args(cfg, num_classes: int) -> dict:
     """Arguments of :func:`vit.model.create_model` from a config; stored in checkpoints."""
     m = cfg.model
-    return dict(size=m.size, img_size=cfg.data.img_size, patch_size=m.patch_size, num_classes=num_classes,
-                drop_rate=m.drop_rate, drop_path_rate=m.drop_path_rate)
+    return {"size": m.size, "img_size": cfg.data.img_size, "patch_size": m.patch_size, "num_classes": num_classes,
+                "drop_rate": m.drop_rate, "drop_path_rate": m.drop_path_rate}
 
 
 def build_model(args: dict, backend: str) -> VisionTransformer:
@@ -114,6 +114,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int)
     """Per-step linear warmup then cosine decay to ``schedule.min_lr`` (timm ``CosineLRScheduler``)."""
     s = cfg.schedule
     total = cfg.epochs * steps_per_epoch
-    warmup = min(int(round(s.warmup_epochs * steps_per_epoch)), max(total - 1, 0))
+    warmup = min(round(s.warmup_epochs * steps_per_epoch), max(total - 1, 0))
     return CosineLRScheduler(optimizer, t_initial=total, lr_min=s.min_lr, warmup_t=warmup,
                              warmup_lr_init=s.warmup_lr_init, t_in_epochs=False)

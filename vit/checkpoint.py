@@ -147,8 +147,9 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
     state_dict = dict(state_dict)
     own = model.state_dict()
     pos = state_dict.get("pos_embed")
-    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape and pos.shape[-1] == own["pos_embed"].shape[-1]:
-        old_grid, new_grid = int((pos.shape[1] - 1) ** 0.5), int((own["pos_embed"].shape[1] - 1) ** 0.5)
+    want = own.get("pos_embed")
+    if pos is not None and want is not None and pos.shape != want.shape and pos.shape[-1] == want.shape[-1]:
+        old_grid, new_grid = int((pos.shape[1] - 1) ** 0.5), int((want.shape[1] - 1) ** 0.5)
         state_dict["pos_embed"] = resample_abs_pos_embed(pos, [new_grid, new_grid], [old_grid, old_grid],
                                                          num_prefix_tokens=1, interpolation="bicubic")
         print(f"[checkpoint] resized pos_embed from a {old_grid}×{old_grid} to a {new_grid}×{new_grid} patch grid")
@@ -162,7 +163,8 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
             lines.append(f"  shape mismatches (another model size, patch size or number of classes?): "
                          f"{'; '.join(mismatched[:6])}{' ...' if len(mismatched) > 6 else ''}")
         if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}")
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing[:10])}"
+                         f"{' ...' if len(missing) > 10 else ''}")
         if unexpected:
             lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected[:10])}"
                          f"{' ...' if len(unexpected) > 10 else ''}")

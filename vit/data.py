@@ -90,7 +90,8 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
 def build_transform(cfg, is_training: bool):
     """timm transform from a ``data`` config: RandomResizedCrop/flip/RandAugment for training,
     resize + center crop (``crop_pct``) for evaluation; normalised float (3, S, S) output."""
-    common = dict(input_size=cfg.img_size, interpolation=cfg.interpolation, mean=tuple(cfg.mean), std=tuple(cfg.std))
+    common = {"input_size": cfg.img_size, "interpolation": cfg.interpolation, "mean": tuple(cfg.mean),
+              "std": tuple(cfg.std)}
     if not is_training:
         return create_transform(**common, is_training=False, crop_pct=cfg.crop_pct)
     aug = cfg.train_aug
@@ -202,7 +203,7 @@ class Data:
 
     def num_bad(self) -> int:
         """Undecodable image files met so far in train and val (0 for synthetic data)."""
-        sets = [self.train_set.dataset if self.train_set is not None else None, getattr(self.val_loader, "dataset", None)]
+        sets = [getattr(self.train_set, "dataset", None), getattr(self.val_loader, "dataset", None)]
         return sum(getattr(s, "num_bad", 0) for s in sets if s is not None)
 
 
@@ -222,7 +223,7 @@ def data_root(cfg) -> Path:
 
 def folder_options(cfg) -> dict:
     """Bad-file options for :func:`build_imagefolder` (defaults for configs that predate them)."""
-    return dict(max_bad_fraction=cfg.get("max_bad_fraction", 0.01), verify=cfg.get("verify", False))
+    return {"max_bad_fraction": cfg.get("max_bad_fraction", 0.01), "verify": cfg.get("verify", False)}
 
 
 def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_replicas: int = 1,
