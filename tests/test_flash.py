@@ -4,9 +4,9 @@ On a machine without a CUDA GPU the kernels run through Triton's interpreter: ``
 is set below before ``kernels.flash`` is imported (Triton decides interpreter-or-compiler when a
 ``@triton.jit`` function is defined). ``setdefault`` keeps an explicit value, and the variable is
 set only when no GPU is visible, so `pytest -m gpu` on the H200 compiles real kernels. It stays set
-for the rest of the pytest process; that only changes Triton kernels defined later, which on a CPU
-machine could only run through the interpreter anyway (other test files' torch code is unaffected:
-torch reads the variable only for Triton kernels). If another test module imports
+for the rest of the pytest process; it only changes Triton kernels defined after it, which on a
+machine without a GPU could run nowhere but in the interpreter (tests/test_vector_add.py sets the
+same variable the same way; the other test files run no Triton code). If another test module imports
 ``kernels.flash`` before this one on a CPU machine, the backend raises a RuntimeError saying that
 the variable must be set before the import, rather than failing inside Triton.
 
