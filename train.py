@@ -79,6 +79,18 @@ def check_compatible(ckpt: dict, path: Path, margs: dict, classes: list[str]) ->
                            f"vs {len(classes)} classes); use the same data.root")
 
 
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``key: old -> new`` for every leaf that differs between two config dicts."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changes += config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return changes
+
+
 def train(cfg: DictConfig) -> dict:
     """Train per ``cfg``; return the final metrics, per-epoch history and output paths.
 
@@ -118,6 +130,10 @@ def train(cfg: DictConfig) -> dict:
     if resume is not None:
         path, ckpt = resume
         check_compatible(ckpt, path, margs, data.classes)
+        changed = [c for c in config_changes(ckpt["config"], OmegaConf.to_container(cfg, resolve=True))
+                   if not c.startswith(("resume:", "out_dir:"))]
+        if changed:
+            print(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changed)}")
         load_model_weights(model, ckpt["model"], source=str(path))
         optimizer.load_state_dict(ckpt["optimizer"])
         state = TrainState(**{k: ckpt[k] for k in TrainState().state_dict()})

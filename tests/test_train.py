@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def step_ckpts(result) -> list[Path]:
     return list_checkpoints(Path(result["out_dir"]) / "checkpoints")
 
 
-def resume_run(tmp_path, digits_root, ckpt: Path):
+def resume_run(tmp_path, digits_root, ckpt: Path | str):
     cfg = compose_cfg("train", ["epochs=2", f"out_dir={tmp_path}", f"data.root={digits_root}", "attention=naive",
                                 "logger=none", f"resume={ckpt}", "progress=false", "schedule.warmup_epochs=0.5"])
     return train(cfg)
@@ -88,7 +89,10 @@ def test_resume_from_epoch_1_reproduces_epoch_2_exactly(run_a, digits_root, tmp_
     per_epoch = run_a["steps"] // 2
     epoch1 = [p for p in step_ckpts(run_a) if load_checkpoint(p)["step"] == per_epoch]
     assert len(epoch1) == 1 and load_checkpoint(epoch1[0])["epoch"] == 1
-    resumed = resume_run(tmp_path, digits_root, epoch1[0])
+    (tmp_path / "checkpoints").mkdir()
+    shutil.copy(epoch1[0], tmp_path / "checkpoints" / epoch1[0].name)
+    (tmp_path / "checkpoints" / ".step_00000999.pt.tmp1").write_bytes(b"a write killed midway")
+    resumed = resume_run(tmp_path, digits_root, "auto")  # finds the epoch-1 checkpoint in out_dir
     assert [h["epoch"] for h in resumed["history"]] == [2]
     assert resumed["history"][0]["train_loss"] == run_a["history"][1]["train_loss"]  # exact, CPU is deterministic
     assert resumed["history"][0]["val_loss"] == run_a["history"][1]["val_loss"]
