@@ -33,6 +33,7 @@ from vit.checkpoint import (
     find_latest_checkpoint,
     load_checkpoint,
     load_model_weights,
+    load_state_dict_file,
     prune_checkpoints,
     restore_rng_state,
     save_checkpoint,
@@ -126,6 +127,10 @@ def train(cfg: DictConfig) -> dict:
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
     state = TrainState()
+    if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer
+        init_path = to_absolute_path(cfg.init_from)
+        load_model_weights(model, load_state_dict_file(init_path), source=init_path)
+        print(f"[init] weights from {init_path}")
     resume = find_resume(cfg.resume, ckpt_dir)
     if resume is not None:
         path, ckpt = resume

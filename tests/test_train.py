@@ -275,3 +275,13 @@ def test_nonfinite_loss_policy(policy):
         assert state.nonfinite_skips == 3 and len([m for m in logger.lines if "step skipped" in m]) == 2
         assert torch.equal(before[2], before[1]) and torch.equal(before[3], before[1])
         assert torch.isfinite(model.head.weight).all()
+
+
+def test_init_from_resizes_pos_embed_for_another_image_size(run_a, digits_root, tmp_path, capsys):
+    """Fine-tuning the 32 px checkpoint at 48 px: weights load with the 8×8 position grid resampled to 12×12."""
+    cfg = compose_cfg("train", ["epochs=1", f"out_dir={tmp_path}", f"data.root={digits_root}", "data.img_size=48",
+                                "attention=sdpa", "logger=none", "progress=false", f"init_from={run_a['checkpoint']}"])
+    result = train(cfg)
+    assert "resized pos_embed from a 8×8 to a 12×12 patch grid" in capsys.readouterr().out
+    assert load_checkpoint(result["checkpoint"])["model"]["pos_embed"].shape == (1, 145, 64)
+    assert result["history"][0]["val_top1"] > run_a["val"]["top1"] - 5  # starts from the trained weights

@@ -38,6 +38,8 @@ def check_train_config(cfg) -> None:
     _require(cfg.nonfinite.policy in ("stop", "skip"), "nonfinite.policy", cfg.nonfinite.policy, "'stop' or 'skip'")
     _require(cfg.amp in ("auto", "bf16", "fp16", "none"), "amp", cfg.amp, "one of auto, bf16, fp16, none")
     _require(cfg.resume is None or isinstance(cfg.resume, str), "resume", cfg.resume, "null, 'auto' or a path")
+    _require(cfg.get("init_from") is None or isinstance(cfg.init_from, str), "init_from", cfg.get("init_from"),
+             "null or a path to weights")
     check_model_config(cfg)
 
 
