@@ -177,6 +177,9 @@ def train(cfg: DictConfig) -> dict:
             save_step()
 
     last_val, history, last_path, t_start = {}, [], None, time.perf_counter()
+    if state.epoch >= cfg.epochs:
+        logger.print(f"[run] nothing to train: the checkpoint is at epoch {state.epoch} of epochs={cfg.epochs}; "
+                     f"raise epochs to continue")
     for epoch in range(state.epoch, cfg.epochs):
         data.set_epoch(epoch, position=state.step_in_epoch * cfg.grad_accum * micro_batch)
         train_loss = train_epoch(

@@ -285,3 +285,13 @@ def test_init_from_resizes_pos_embed_for_another_image_size(run_a, digits_root, 
     assert "resized pos_embed from a 8×8 to a 12×12 patch grid" in capsys.readouterr().out
     assert load_checkpoint(result["checkpoint"])["model"]["pos_embed"].shape == (1, 145, 64)
     assert result["history"][0]["val_top1"] > run_a["val"]["top1"] - 5  # starts from the trained weights
+
+
+def test_synthetic_data_with_grad_accum(tmp_path):
+    """Throughput path: device-made batches, 2 micro-batches per optimizer step, partial last val batch."""
+    cfg = compose_cfg("train", ["data=synthetic", "data.img_size=32", "data.num_classes=10", "data.train_samples=128",
+                                "data.val_samples=40", "eval_batch_size=32", "grad_accum=2", "epochs=1",
+                                "attention=sdpa", "logger=none", "progress=false", f"out_dir={tmp_path}"])
+    result = train(cfg)
+    assert result["steps"] == 128 // 32 and result["val"]["images"] == 40
+    assert math.isfinite(result["history"][0]["train_loss"])

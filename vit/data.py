@@ -166,24 +166,28 @@ class ResumableSampler(Sampler[int]):
 class SyntheticLoader:
     """Random (B, 3, S, S) images and labels made on the device, for throughput runs (no I/O).
 
+    ``num_samples`` per pass, in batches of ``batch_size`` (a last partial batch unless ``drop_last``).
     The labels are random, so accuracy on this data means nothing; time and memory do.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, img_size: int, num_classes: int, device, seed: int):
-        self.num_batches = num_samples // batch_size
-        self.shape = (batch_size, 3, img_size, img_size)
-        self.num_classes, self.device, self.seed = num_classes, torch.device(device), seed
-        self.dataset = range(self.num_batches * batch_size)
+    def __init__(self, num_samples: int, batch_size: int, img_size: int, num_classes: int, device, seed: int,
+                 drop_last: bool = True):
+        sizes = [batch_size] * (num_samples // batch_size)
+        if not drop_last and num_samples % batch_size:
+            sizes.append(num_samples % batch_size)
+        self.sizes, self.img_size, self.num_classes = sizes, img_size, num_classes
+        self.device, self.seed = torch.device(device), seed
+        self.dataset = range(sum(sizes))
 
     def __len__(self) -> int:
-        return self.num_batches
+        return len(self.sizes)
 
     def __iter__(self):
         gen = torch.Generator(device=self.device).manual_seed(self.seed)
-        for _ in range(self.num_batches):
-            x = torch.randn(self.shape, generator=gen, device=self.device)
-            y = torch.randint(0, self.num_classes, (self.shape[0],), generator=gen, device=self.device)
-            yield x, y
+        for size in self.sizes:
+            x = torch.randn(size, 3, self.img_size, self.img_size, generator=gen, device=self.device)
+            y = torch.randint(0, self.num_classes, (size,), generator=gen, device=self.device)
+            yield x, y  # (B, 3, S, S), (B,)
 
 
 @dataclass
@@ -237,7 +241,8 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     """
     if cfg.name == "synthetic":
         train = SyntheticLoader(cfg.train_samples, micro_batch, cfg.img_size, cfg.num_classes, device, seed)
-        val = SyntheticLoader(cfg.val_samples, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 1)
+        val = SyntheticLoader(cfg.val_samples, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 1,
+                              drop_last=False)
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
     from vit.images import check_same_classes
 
@@ -262,7 +267,8 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
 def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object, list[str]]:
     """(val loader, class names) for a ``data`` config; only the val split is read."""
     if cfg.name == "synthetic":
-        loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1)
+        loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1,
+                                 drop_last=False)
         return loader, [str(i) for i in range(cfg.num_classes)]
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
                                 **folder_options(cfg))
