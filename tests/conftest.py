@@ -6,10 +6,16 @@ ties at tiny errors do not fail.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# Triton picks interpreter or compiler once, at its first import, and importing timm (via torch._dynamo)
+# imports it: without a GPU, select the interpreter here, before any test module is collected.
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 ERROR_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4, torch.float64: 1e-12}
 
 

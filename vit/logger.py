@@ -13,6 +13,7 @@ variables are copied into it. ``logger=none`` keeps the console output and write
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from pathlib import Path
@@ -25,10 +26,9 @@ def environment(backend: str, device: torch.device) -> dict:
     """Versions and hardware, for the run config."""
     env = {"backend": backend, "device": str(device), "torch": torch.__version__, "python": platform.python_version(),
            "cpu_threads": torch.get_num_threads()}
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
+    try:  # the installed version, without importing triton (whose mode depends on TRITON_INTERPRET at import)
+        env["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         env["triton"] = None
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
