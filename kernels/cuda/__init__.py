@@ -88,7 +88,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         softmax_scale: > 0, default ``head_dim ** -0.5``.
 
     Returns:
-        ``(B, H, N, head_dim)`` tensor of q's dtype (contiguous).
+        ``(B, H, N, head_dim)`` tensor of q's dtype, laid out as ``(B, N, H, head_dim)`` in memory.
 
     Raises:
         TypeError, ValueError, RuntimeError: see :func:`check_inputs`; RuntimeError also when the

@@ -3,7 +3,7 @@
 ``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` and
 ``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)``: raw launchers
 over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
-contiguous; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
+contiguous but out, which is ``(B, N, H, d)`` in memory; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
 Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> tuple[Ten
 
 @attn_fwd.register_fake
 def _(q, k, v, softmax_scale):
-    B, H, N, d = q.shape
-    return q.new_empty((B, H, N, d)), q.new_empty((B, H, N), dtype=torch.float32)
+    B, H, N, d = q.shape  # out is (B, N, H, d) in memory, as api.cpp allocates it
+    return q.new_empty((B, N, H, d)).transpose(1, 2), q.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.custom_op("vit_cuda::attn_bwd", mutates_args=())

@@ -76,7 +76,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         softmax_scale: positive float, default ``d ** -0.5``.
 
     Returns:
-        ``out``: ``(B, H, N, d)``, q's dtype, contiguous. Differentiable in q, k, v.
+        ``out``: ``(B, H, N, d)``, q's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable in q, k, v.
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype, or mixed dtypes.

@@ -86,9 +86,18 @@ def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale):
             H, N, configs.n_bucket(N), **_meta(q))
 
 
+def _empty_out(q: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N, d)`` laid out as ``(B, N, H, d)`` in memory, as SDPA does: the caller's
+    ``out.transpose(1, 2).reshape(B, N, H·d)`` is then a view, not a copy. In the ViT that saves one
+    (B, N, D) activation per block (H200, ViT-B/16, batch 256: 18.57 GiB peak with a contiguous
+    out against 17.70 GiB for SDPA)."""
+    B, H, N, d = q.shape
+    return torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)
+
+
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, N, d = q.shape
-    out = torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)  # (B, H, N, d)
+    out = _empty_out(q)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # (B, H, N), natural log
     launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale)
     return out, lse
@@ -110,7 +119,7 @@ def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
 
 def _fwd_fake(q, k, v, softmax_scale):
     B, H, N, d = q.shape
-    return q.new_empty((B, H, N, d)), q.new_empty((B, H, N), dtype=torch.float32)
+    return _empty_out(q), q.new_empty((B, H, N), dtype=torch.float32)
 
 
 def _bwd_fake(do, q, k, v, out, lse, softmax_scale):

@@ -61,7 +61,8 @@ std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double sof
   q = aligned(q), k = aligned(k), v = aligned(v);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
   TORCH_CHECK_VALUE(H <= 65535 && B <= 65535, "B and H must be <= 65535 (grid limits), got ", B, ", ", H);
-  auto out = at::empty({B, H, N, d}, q.options());
+  // (B, N, H, d) in memory, as SDPA does, so the caller's transpose(1, 2).reshape(B, N, H*d) is a view.
+  auto out = at::empty({B, N, H, d}, q.options()).transpose(1, 2);
   auto lse = at::empty({B, H, N}, q.options().dtype(at::kFloat));
   if (B * H * N == 0) return {out, lse};
   vitk::FwdParams p{};
