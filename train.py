@@ -96,9 +96,9 @@ def train(cfg: DictConfig) -> dict:
     """Train per ``cfg``; return the final metrics, per-epoch history and output paths.
 
     Raises:
-        ValueError: invalid config values (before any work), missing data root, class mismatch.
-        FileNotFoundError: dataset folder or checkpoint not found, empty class folder.
-        RuntimeError: unavailable attention backend; incompatible checkpoint.
+        ValueError: invalid config values (before any work), no data root, empty class folder, class mismatch.
+        FileNotFoundError: dataset folder or checkpoint not found.
+        RuntimeError: unavailable attention backend; incompatible checkpoint; too many undecodable images.
         vit.engine.NonFiniteLossError: non-finite loss under ``nonfinite.policy``.
     """
     check_train_config(cfg)
