@@ -196,10 +196,10 @@ def train(cfg: DictConfig) -> dict:
         history.append({"epoch": state.epoch, "train_loss": train_loss, **{f"val_{k}": v for k, v in last_val.items()}})
         improved = last_val["top1"] > state.best_top1
         state.best_top1 = max(state.best_top1, last_val["top1"])
-        if rank == 0:
-            last_path = save_step()
+        if rank == 0:  # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
             if improved:
                 save_checkpoint(ckpt_dir / "best.pt", payload(with_optimizer=False))
+            last_path = save_step()
     train_seconds = time.perf_counter() - t_start
 
     summary = {"final/val_top1": last_val.get("top1"), "final/val_top5": last_val.get("top5"),

@@ -10,12 +10,19 @@ A checkpoint is one ``torch.save`` file of plain containers and tensors::
 ``step_in_epoch`` > 0 marks a mid-epoch checkpoint. It is written to a temporary file, fsynced and
 renamed over the final name, so a crash at any moment leaves either the old file or the new one.
 It is read with ``torch.load(weights_only=True)``, which refuses to run code from the file.
+
+Test hook (inert unless set): ``VIT_TEST_CRASH_AT=<event>:<n>`` makes :func:`crash_point` SIGKILL the
+process the n-th time it reaches ``event`` (``save``: temp file written, not yet renamed; ``saved``:
+checkpoint complete; ``step``: inside an optimizer step; ``val``: inside validation). The crash/resume
+test (tests/test_crash_resume.py) uses it to kill a training run at exact points.
 """
 from __future__ import annotations
 
 import os
 import random
 import re
+import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +30,20 @@ import torch
 
 FORMAT = 1
 STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
+TEMP_FILE = re.compile(r"^\.(step_\d{8}|best)\.pt\.tmp(\d+)$")  # save_checkpoint's temp names
+_crash_counts: dict[str, int] = {}
+
+
+def crash_point(event: str) -> None:
+    """SIGKILL this process at the n-th ``event`` if ``VIT_TEST_CRASH_AT=<event>:<n>`` (tests only; a no-op
+    when the variable is unset)."""
+    spec = os.environ.get("VIT_TEST_CRASH_AT")
+    if not spec or spec.partition(":")[0] != event:
+        return
+    _crash_counts[event] = _crash_counts.get(event, 0) + 1
+    if _crash_counts[event] == int(spec.partition(":")[2] or 1):
+        print(f"[test] VIT_TEST_CRASH_AT={spec}: SIGKILL", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
@@ -34,12 +55,14 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> Path:
         torch.save({"format": FORMAT, **state}, f)
         f.flush()
         os.fsync(f.fileno())
+    crash_point("save")
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    crash_point("saved")
     return path
 
 
@@ -85,7 +108,13 @@ def find_latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path, dict] | N
 
 
 def prune_checkpoints(ckpt_dir: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` step checkpoints (``keep_last <= 0`` keeps all)."""
+    """Delete all but the newest ``keep_last`` step checkpoints (``keep_last <= 0`` keeps all), and
+    temp files left by killed writers (other processes' ``.step_*.pt.tmp<pid>`` / ``.best.pt.tmp<pid>``)."""
+    ckpt_dir = Path(ckpt_dir)
+    for path in ckpt_dir.iterdir() if ckpt_dir.is_dir() else []:
+        match = TEMP_FILE.match(path.name)
+        if match and int(match.group(2)) != os.getpid():
+            path.unlink(missing_ok=True)
     if keep_last <= 0:
         return
     for path in list_checkpoints(ckpt_dir)[:-keep_last]:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vit.checkpoint import crash_point
+
 
 @dataclass
 class TrainState:
@@ -121,6 +123,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             images += x.shape[0]
         max_norm = clip_grad if clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        crash_point("step")  # test hook, a no-op unless VIT_TEST_CRASH_AT=step:<n>
         if not bool(torch.isfinite(loss_sum) & torch.isfinite(grad_norm)):  # one host sync per step
             state.nonfinite_skips += 1
             where = (f"non-finite loss {loss_sum.item()} / grad norm {grad_norm.item()} at step {state.step + 1} "
@@ -176,6 +179,7 @@ def evaluate(model, loader, device: torch.device, amp_dtype: torch.dtype | None 
         hits = top == y[:, None]
         totals += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(), hits[:, 0].sum().double(),
                                hits.any(dim=1).sum().double(), torch.tensor(float(len(y)), device=device).double()])
+        crash_point("val")  # test hook, a no-op unless VIT_TEST_CRASH_AT=val:<n>
     synchronize(device)
     elapsed = time.perf_counter() - t0
     totals = reduce(totals)
