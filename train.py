@@ -3,11 +3,19 @@
 ``train(cfg)`` is plain and testable (tests build ``cfg`` with ``hydra.compose``); ``main`` is the
 ``@hydra.main`` wrapper. Outputs go to ``out_dir`` (default: the Hydra run dir, outputs/<date>/<time>):
 ``checkpoints/step_XXXXXXXX.pt`` (last ``checkpoint.keep_last``), ``checkpoints/best.pt`` (weights of
-the best validation top-1) and ``wandb/`` (the W&B run).
+the best validation top-1), ``metrics.jsonl`` (every logged line), ``summary.json`` (final metrics,
+steady-state images/s, peak memory) and ``wandb/`` (the W&B run).
+
+Several processes: ``torchrun --nproc_per_node=G train.py ...`` (vit/distributed.py). ``batch_size`` stays
+the global batch; rank 0 alone prints, logs and writes checkpoints, into rank 0's output directory.
 """
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +31,7 @@ from vit.build import (
     build_optimizer,
     build_scheduler,
     check_train_config,
+    effective_lr,
     model_args,
     resolve_amp,
     resolve_backend,
@@ -40,9 +49,19 @@ from vit.checkpoint import (
     step_checkpoint_path,
 )
 from vit.data import build_data
+from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
 from vit.logger import RunLogger, environment
-from vit.wrap import apply_compile, apply_grad_ckpt, unwrap
+from vit.wrap import (
+    apply_compile,
+    apply_distributed,
+    apply_grad_ckpt,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+    resolve_strategy,
+    unwrap,
+)
 
 
 def resolve_out_dir(cfg) -> Path:
@@ -92,23 +111,55 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     return changes
 
 
+def steady_images_per_s(epoch_step_ends: list[list[float]], batch_size: int, skip: int) -> tuple[float | None, int]:
+    """(images/s, steps timed) over the optimizer steps after the run's first ``skip`` (compilation,
+    autotuning, allocator warm-up), from each epoch's start and step-end times (perf_counter seconds);
+    validation gaps are excluded."""
+    seconds, steps, seen = 0.0, 0, 0
+    for ends in epoch_step_ends:
+        for i in range(1, len(ends)):
+            if seen + i > skip:
+                seconds += ends[i] - ends[i - 1]
+                steps += 1
+        seen += len(ends) - 1
+    return (steps * batch_size / seconds if seconds > 0 else None), steps
+
+
 def train(cfg: DictConfig) -> dict:
     """Train per ``cfg``; return the final metrics, per-epoch history and output paths.
+
+    Under torchrun every process calls this; see :mod:`vit.distributed`.
 
     Raises:
         ValueError: invalid config values (before any work), no data root, empty class folder, class mismatch.
         FileNotFoundError: dataset folder or checkpoint not found.
         RuntimeError: unavailable attention backend; incompatible checkpoint; too many undecodable images.
         vit.engine.NonFiniteLossError: non-finite loss under ``nonfinite.policy``.
+        vit.engine.TrainingOutOfMemoryError: the GPU ran out of memory in a training step.
     """
     check_train_config(cfg)
-    rank, world_size = 0, 1  # distributed launch sets these (issue 6)
-    out_dir = resolve_out_dir(cfg)
+    dist = init_distributed(resolve_device(cfg.device))
+    try:
+        if dist.is_main:
+            return _train(cfg, dist)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # rank 0 alone prints
+            return _train(cfg, dist)
+    finally:
+        teardown(dist)
+
+
+def _train(cfg: DictConfig, dist: DistInfo) -> dict:
+    rank, world_size, device = dist.rank, dist.world_size, dist.device
+    strategy = resolve_strategy(cfg.get("strategy"), world_size)
+    own_dir = resolve_out_dir(cfg)
+    out_dir = broadcast_object(own_dir)  # rank 0's: one output directory for all ranks
+    if own_dir != out_dir:
+        with contextlib.suppress(OSError):  # this rank's empty Hydra run dir (see __main__)
+            own_dir.rmdir()
     ckpt_dir = out_dir / "checkpoints"
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
     backend = resolve_backend(cfg.attention.name, device)
     amp_dtype = resolve_amp(cfg.amp, device)
     micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
@@ -123,9 +174,7 @@ def train(cfg: DictConfig) -> dict:
                          f"images); lower batch_size")
 
     margs = model_args(cfg, len(data.classes))
-    model = build_model(margs, backend).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
+    model = build_model(margs, backend).to(device)  # the same initial weights on every rank (same seed)
     state = TrainState()
     if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer
         init_path = to_absolute_path(cfg.init_from)
@@ -140,14 +189,24 @@ def train(cfg: DictConfig) -> dict:
         if changed:
             print(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changed)}")
         load_model_weights(model, ckpt["model"], source=str(path))
-        optimizer.load_state_dict(ckpt["optimizer"])
         state = TrainState(**{k: ckpt[k] for k in TrainState().state_dict()})
         restore_rng_state(ckpt["rng"])
-        scheduler.step_update(state.step)
         print(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
               f"{f' (mid-epoch, step {state.step_in_epoch} of {steps_per_epoch})' if state.step_in_epoch else ''}")
+    if rank > 0:  # own dropout / drop-path streams per rank (rank 0 keeps the one-process run's)
+        torch.manual_seed(cfg.seed + rank + 1000 * state.step)
     model = apply_grad_ckpt(model, cfg)
+    model = apply_distributed(model, strategy, device)
     model = apply_compile(model, cfg)
+    optimizer = build_optimizer(unwrap(model), cfg)  # after fully_shard, which replaces the parameters
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
+    if resume is not None:
+        load_optimizer_state_dict(model, optimizer, resume[1]["optimizer"])
+        scheduler.step_update(state.step)
+    lr, scale_batch = effective_lr(cfg), cfg.optim.get("lr_scale_batch")
+    print(f"[optim] peak lr {lr:.4g}" + (f" = optim.lr {cfg.optim.lr:.4g} × batch_size {cfg.batch_size} / "
+                                        f"optim.lr_scale_batch {scale_batch}" if scale_batch else
+                                        " (optim.lr as given; optim.lr_scale_batch=K scales it by batch_size / K)"))
 
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     env = environment(backend, device)
@@ -155,25 +214,39 @@ def train(cfg: DictConfig) -> dict:
                                              "resumed_from": str(resume[0]) if resume else None}, rank)
     logger.print(f"[run] {out_dir} | model {margs['size']} (patch {margs['patch_size']}, img {margs['img_size']}, "
                  f"N={unwrap(model).seq_len}) | attention {backend} | device {device} | "
-                 f"{steps_per_epoch} steps/epoch × {cfg.epochs} epochs, batch {cfg.batch_size}")
+                 f"{steps_per_epoch} steps/epoch × {cfg.epochs} epochs, batch {cfg.batch_size} "
+                 f"({world_size} process{'es' if world_size > 1 else ''} × {micro_batch} × grad_accum {cfg.grad_accum}"
+                 f"{f', strategy {strategy}' if world_size > 1 else ''})"
+                 f"{' | compile' if cfg.compile else ''}{' | grad_ckpt' if cfg.grad_ckpt else ''}")
 
-    def payload(with_optimizer: bool = True) -> dict:
-        out = {"model": unwrap(model).state_dict(), **state.state_dict(),
+    def payload(with_optimizer: bool = True) -> dict | None:
+        """The checkpoint's content on rank 0 (None elsewhere); a collective under FSDP (all ranks call it)."""
+        weights = model_state_dict(model)
+        optim_state = optimizer_state_dict(model, optimizer) if with_optimizer else None
+        if rank != 0:
+            return None
+        out = {"model": weights, **state.state_dict(),
                "sampler": {"epoch": state.epoch, "position": state.step_in_epoch * cfg.grad_accum * micro_batch},
                "rng": capture_rng_state(), "config": cfg_dict, "model_args": margs, "classes": list(data.classes),
                "backend": backend, "metrics": last_val}
         if with_optimizer:
-            out["optimizer"] = optimizer.state_dict()
+            out["optimizer"] = optim_state
         return out
 
-    def save_step() -> Path:
-        path = save_checkpoint(step_checkpoint_path(ckpt_dir, state.step), payload())
+    def save_step() -> Path | None:
+        content = payload()
+        if rank != 0:
+            return None
+        path = save_checkpoint(step_checkpoint_path(ckpt_dir, state.step), content)
         prune_checkpoints(ckpt_dir, cfg.checkpoint.keep_last)
         return path
 
+    step_ends: list[list[float]] = []  # per epoch: perf_counter() at its start and at each optimizer step's end
+
     def on_step_end(s: TrainState) -> None:
+        step_ends[-1].append(time.perf_counter())
         every = cfg.checkpoint.every_steps
-        if rank == 0 and every > 0 and s.step % every == 0 and s.step_in_epoch < steps_per_epoch:
+        if every > 0 and s.step % every == 0 and s.step_in_epoch < steps_per_epoch:
             save_step()
 
     last_val, history, last_path, t_start = {}, [], None, time.perf_counter()
@@ -182,13 +255,15 @@ def train(cfg: DictConfig) -> dict:
                      f"raise epochs to continue")
     for epoch in range(state.epoch, cfg.epochs):
         data.set_epoch(epoch, position=state.step_in_epoch * cfg.grad_accum * micro_batch)
+        step_ends.append([time.perf_counter()])
         train_loss = train_epoch(
             model, data.train_loader, optimizer, scheduler, state, device=device, amp_dtype=amp_dtype,
             grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, label_smoothing=cfg.label_smoothing,
             steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
             nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
-            backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress)
-        last_val = evaluate(model, data.val_loader, device, amp_dtype)
+            backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
+            reduce=all_reduce_mean)
+        last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
         state.epoch, state.step_in_epoch = epoch + 1, 0
         logger.log({**{f"val/{k}": v for k, v in last_val.items() if k != "images"}, "epoch": state.epoch,
                     "data/bad_files": data.num_bad()},
@@ -196,19 +271,33 @@ def train(cfg: DictConfig) -> dict:
         history.append({"epoch": state.epoch, "train_loss": train_loss, **{f"val_{k}": v for k, v in last_val.items()}})
         improved = last_val["top1"] > state.best_top1
         state.best_top1 = max(state.best_top1, last_val["top1"])
-        if rank == 0:  # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
-            if improved:
-                save_checkpoint(ckpt_dir / "best.pt", payload(with_optimizer=False))
-            last_path = save_step()
+        # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
+        if improved:  # the same on every rank (reduced metrics); payload is a collective under FSDP
+            best = payload(with_optimizer=False)
+            if rank == 0:
+                save_checkpoint(ckpt_dir / "best.pt", best)
+        last_path = save_step()
     train_seconds = time.perf_counter() - t_start
 
+    run_steps = sum(len(e) - 1 for e in step_ends)
+    images_per_s, timed_steps = steady_images_per_s(step_ends, cfg.batch_size, skip=min(5, run_steps // 2))
+    peaks = {k: max([r.get(f"train/{k}", 0.0) for r in logger.records] + [last_val.get(k, 0.0)])
+             for k in ("peak_mem_allocated_mb", "peak_mem_reserved_mb")}
     summary = {"final/val_top1": last_val.get("top1"), "final/val_top5": last_val.get("top5"),
                "final/val_loss": last_val.get("loss"), "best/val_top1": state.best_top1,
-               "train_seconds": train_seconds}
+               "train_seconds": train_seconds, "train/steady_images_per_s": images_per_s}
     logger.summary(summary)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(json.dumps({
+            **summary, "steady_steps": timed_steps, "steps": run_steps, "backend": backend, "strategy": strategy,
+            "world_size": world_size, "compile": cfg.compile, "grad_ckpt": cfg.grad_ckpt, "batch_size": cfg.batch_size,
+            "micro_batch": micro_batch, "img_size": margs["img_size"], "seq_len": unwrap(model).seq_len,
+            "model": margs["size"], "lr": lr, **peaks, "env": env}, indent=1) + "\n")
     wandb_dir = logger.run_dir
     logger.finish()
     result = {"val": last_val, "best_top1": state.best_top1, "history": history, "out_dir": str(out_dir),
+              "images_per_s": images_per_s, **peaks, "world_size": world_size, "strategy": strategy,
               "checkpoint": str(last_path) if last_path else None, "best_checkpoint": str(ckpt_dir / "best.pt"),
               "wandb_dir": wandb_dir, "backend": backend, "train_seconds": train_seconds, "steps": state.step}
     if rank == 0 and last_val:
@@ -228,4 +317,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if int(os.environ.get("RANK", "0")) > 0:  # only rank 0 writes Hydra's files; the others' run dirs stay empty
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     main()

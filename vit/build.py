@@ -8,7 +8,7 @@ import torch
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 
-from kernels import available_backends, get_attention
+from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
 from vit.model import SIZES, VisionTransformer, create_model
 
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # plus every 1-D parameter (biases, norms)
@@ -36,6 +36,17 @@ def check_train_config(cfg) -> None:
     _require(0 <= cfg.label_smoothing < 1, "label_smoothing", cfg.label_smoothing, "a value in [0, 1)")
     _require(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "a positive learning rate")
     _require(cfg.nonfinite.policy in ("stop", "skip"), "nonfinite.policy", cfg.nonfinite.policy, "'stop' or 'skip'")
+    _require(isinstance(cfg.nonfinite.max_skips, int) and cfg.nonfinite.max_skips >= 0, "nonfinite.max_skips",
+             cfg.nonfinite.max_skips, "an integer >= 0")
+    _require(isinstance(cfg.eval_batch_size, int) and cfg.eval_batch_size >= 1, "eval_batch_size", cfg.eval_batch_size,
+             "a positive integer")
+    for key in ("keep_last", "every_steps"):
+        value = cfg.checkpoint[key]
+        _require(isinstance(value, int) and value >= 0, f"checkpoint.{key}", value, "an integer >= 0 (0 = all / never)")
+    _require(cfg.schedule.warmup_epochs >= 0, "schedule.warmup_epochs", cfg.schedule.warmup_epochs, "a number >= 0")
+    if cfg.data.name != "synthetic":
+        _require(isinstance(cfg.data.num_workers, int) and cfg.data.num_workers >= 0, "data.num_workers",
+                 cfg.data.num_workers, "an integer >= 0")
     _require(cfg.amp in ("auto", "bf16", "fp16", "none"), "amp", cfg.amp, "one of auto, bf16, fp16, none")
     _require(cfg.resume is None or isinstance(cfg.resume, str), "resume", cfg.resume, "null, 'auto' or a path")
     _require(cfg.get("init_from") is None or isinstance(cfg.init_from, str), "init_from", cfg.get("init_from"),
@@ -52,6 +63,13 @@ def check_model_config(cfg) -> None:
     _require(isinstance(patch, int) and patch >= 1, "model.patch_size", patch, "a positive integer")
     _require(isinstance(img, int) and img >= patch and img % patch == 0, "data.img_size", img,
              f"a multiple of model.patch_size={patch}")
+    dims = SIZES[cfg.model.size]
+    head_dim = dims["embed_dim"] // dims["num_heads"]
+    lo, hi = HEAD_DIM_LIMITS.get(cfg.attention.name, (1, head_dim))
+    _require(lo <= head_dim <= hi, "attention.name", cfg.attention.name,
+             f"a backend that runs head_dim={head_dim} (model.size={cfg.model.size}: embed_dim {dims['embed_dim']} / "
+             f"num_heads {dims['num_heads']}); attention={cfg.attention.name} runs head_dim {lo}-{hi}. "
+             f"Use attention=sdpa or attention=naive, or another model.size")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,11 +123,28 @@ def build_model(args: dict, backend: str) -> VisionTransformer:
     return create_model(args.pop("size"), attention=backend, **args)
 
 
+def effective_lr(cfg) -> float:
+    """The peak learning rate: ``optim.lr``, or with ``optim.lr_scale_batch=K`` the linear scaling rule
+    ``optim.lr × batch_size / K`` (Goyal et al., 2017, "Accurate, Large Minibatch SGD"); ``batch_size``
+    is the global batch, so the rate does not depend on the number of processes.
+
+    Raises:
+        ValueError: ``optim.lr_scale_batch`` is neither null nor a positive integer.
+    """
+    base = cfg.optim.get("lr_scale_batch")
+    if base is None:
+        return float(cfg.optim.lr)
+    _require(isinstance(base, int) and not isinstance(base, bool) and base >= 1, "optim.lr_scale_batch", base,
+             "null (use optim.lr as given) or a positive integer K (lr × batch_size / K)")
+    return float(cfg.optim.lr) * cfg.batch_size / base
+
+
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """AdamW (Loshchilov & Hutter, 2019) without weight decay on 1-D params, pos_embed and cls_token."""
+    """AdamW (Loshchilov & Hutter, 2019) at :func:`effective_lr`, without weight decay on 1-D params,
+    pos_embed and cls_token."""
     o = cfg.optim
     groups = param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
-    return torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    return torch.optim.AdamW(groups, lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int) -> CosineLRScheduler:

@@ -234,14 +234,21 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
                rank: int = 0) -> Data:
     """Loaders for a ``data`` config (``digits``, ``imagefolder`` or ``synthetic``).
 
+    With ``num_replicas`` processes, rank ``rank`` trains on its :class:`ResumableSampler` share and
+    validates on every ``num_replicas``-th val image from ``rank`` (no padding, so summed counts are
+    exact); synthetic data gives each rank ``train_samples // num_replicas`` (and the same share of
+    ``val_samples``) drawn from its own seed.
+
     Raises:
         FileNotFoundError: missing dataset folder.
         ValueError: empty class folder; train and val class folders differ; no root set.
         RuntimeError: too many undecodable files (``data.max_bad_fraction``).
     """
     if cfg.name == "synthetic":
-        train = SyntheticLoader(cfg.train_samples, micro_batch, cfg.img_size, cfg.num_classes, device, seed)
-        val = SyntheticLoader(cfg.val_samples, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 1,
+        val_share = cfg.val_samples // num_replicas + (rank < cfg.val_samples % num_replicas)
+        train = SyntheticLoader(cfg.train_samples // num_replicas, micro_batch, cfg.img_size, cfg.num_classes, device,
+                                seed + 2 * rank)
+        val = SyntheticLoader(val_share, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 2 * rank + 1,
                               drop_last=False)
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
     from vit.images import check_same_classes
@@ -259,8 +266,8 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     # so a resumed run's dropout/drop-path stream matches the uninterrupted run's.
     train = DataLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
                        drop_last=True, persistent_workers=False, generator=torch.Generator().manual_seed(seed))
-    val = DataLoader(val_set, batch_size=eval_batch, shuffle=False, num_workers=workers, pin_memory=pin,
-                     generator=torch.Generator().manual_seed(seed + 1))
+    val = DataLoader(val_set, batch_size=eval_batch, sampler=range(rank, len(val_set), num_replicas),
+                     num_workers=workers, pin_memory=pin, generator=torch.Generator().manual_seed(seed + 1))
     return Data(train, val, train_set.classes, sampler, seeded)
 
 

@@ -4,7 +4,9 @@ Optimizer steps: one step consumes ``grad_accum`` micro-batches; the loss of eac
 divided by ``grad_accum`` so the accumulated gradient is the mean over the step's images. The
 gradient norm is clipped (``clip_grad``; 0 = no clipping, the norm is still measured) and checked:
 a non-finite loss or gradient either stops the run or skips the step (``nonfinite.policy``).
-Scale-out hooks: ``reduce`` sums metric tensors across ranks (identity on one process).
+Scale-out hooks: ``reduce`` averages (training) or sums (validation) metric tensors across ranks
+(identity on one process). A CUDA out-of-memory error in a training step becomes
+:class:`TrainingOutOfMemoryError`, naming the backend, N and the batch and how to fit.
 """
 from __future__ import annotations
 
@@ -36,6 +38,21 @@ class TrainState:
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm was NaN/inf and ``nonfinite.policy`` says stop (or the skip limit was hit)."""
+
+
+class TrainingOutOfMemoryError(torch.OutOfMemoryError):
+    """A training step ran out of GPU memory; the message says with which backend, N and batch, and what to change."""
+
+
+def oom_message(backend: str, seq_len: int, micro_batch: int, world_size: int, grad_accum: int, device) -> str:
+    """The explanation :class:`TrainingOutOfMemoryError` carries."""
+    return (f"out of GPU memory in a training step on {device}: attention={backend}, N={seq_len} tokens, "
+            f"micro-batch {micro_batch} per process (batch_size={micro_batch * world_size * grad_accum} = "
+            f"{micro_batch} × {world_size} processes × grad_accum {grad_accum}). "
+            + ("attention=naive stores the full (B, H, N, N) score matrix per layer; use attention=flash "
+               "(memory linear in N), " if backend == "naive" else "Try ")
+            + "grad_ckpt=true (recompute each block in the backward), or a smaller batch_size "
+              "(or grad_accum > 1 at the same batch_size)")
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None):
@@ -73,11 +90,11 @@ class WindowMeter:
         self.t0, self.images, self.steps, self.data_wait = time.perf_counter(), 0, 0, 0.0
         self.loss_sum = torch.zeros((), device=self.device)
 
-    def read(self) -> dict:
+    def read(self, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict:
         synchronize(self.device)
         elapsed = time.perf_counter() - self.t0
         steps = max(self.steps, 1)
-        out = {"loss": (self.loss_sum / steps).item(),
+        out = {"loss": (reduce(self.loss_sum) / steps).item(),
                "images_per_s": self.images / elapsed, "tokens_per_s": self.images * self.seq_len / elapsed,
                "step_time_ms": 1000 * elapsed / steps, "data_wait_ms": 1000 * self.data_wait / steps,
                **memory_peaks_mb(self.device)}
@@ -89,10 +106,10 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
                 amp_dtype: torch.dtype | None, grad_accum: int, clip_grad: float, label_smoothing: float,
                 steps_per_epoch: int, world_size: int, log_every: int, nonfinite_policy: str, max_nonfinite_skips: int,
                 logger, backend: str, seq_len: int, on_step_end: Callable[[TrainState], None] | None = None,
-                progress: bool = True) -> float:
+                progress: bool = True, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
     """Run optimizer steps from ``state.step_in_epoch`` to ``steps_per_epoch``; updates ``state``.
 
-    Returns the mean training loss over the steps run.
+    Returns the mean training loss over the steps run (averaged over ranks with ``reduce``).
 
     ``loader`` must already be positioned (sampler set to the epoch and the consumed samples).
     ``on_step_end(state)`` runs after every optimizer step (mid-epoch checkpoints hook in here).
@@ -100,6 +117,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
     Raises:
         NonFiniteLossError: a non-finite loss/gradient with ``nonfinite_policy='stop'``, or more
             than ``max_nonfinite_skips`` skipped steps with ``'skip'``.
+        TrainingOutOfMemoryError: CUDA ran out of memory in the forward or backward (see :func:`oom_message`).
     """
     model.train()
     meter = WindowMeter(device, seq_len)
@@ -115,15 +133,22 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             x, y = next(it)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             meter.data_wait += time.perf_counter() - t_wait
-            with autocast(device, amp_dtype):
-                logits = model(x)  # (B, num_classes)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
-            loss.backward()
+            try:
+                with autocast(device, amp_dtype):
+                    logits = model(x)  # (B, num_classes)
+                loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
+                loss.backward()
+            except torch.OutOfMemoryError as e:
+                logits = loss = None
+                raise TrainingOutOfMemoryError(
+                    oom_message(backend, seq_len, x.shape[0], world_size, grad_accum, device)) from e
             loss_sum += loss.detach()
             images += x.shape[0]
         max_norm = clip_grad if clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         crash_point("step")  # test hook, a no-op unless VIT_TEST_CRASH_AT=step:<n>
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the ranks' shards
+            grad_norm = grad_norm.full_tensor()
         if not bool(torch.isfinite(loss_sum) & torch.isfinite(grad_norm)):  # one host sync per step
             state.nonfinite_skips += 1
             where = (f"non-finite loss {loss_sum.item()} / grad norm {grad_norm.item()} at step {state.step + 1} "
@@ -146,7 +171,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         meter.images += images * world_size
         bar.update(1)
         if state.step % log_every == 0 or state.step_in_epoch == steps_per_epoch:
-            window = meter.read()
+            window = meter.read(reduce)
             metrics = {f"train/{k}": v for k, v in window.items()}
             metrics.update({"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm.item(),
                             "epoch": state.epoch + state.step_in_epoch / steps_per_epoch})
@@ -155,7 +180,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         if on_step_end is not None:
             on_step_end(state)
     bar.close()
-    return epoch_loss.item() / max(epoch_steps, 1)
+    return reduce(epoch_loss).item() / max(epoch_steps, 1)
 
 
 @torch.no_grad()

@@ -10,10 +10,13 @@ W&B keys (``train/*`` every ``log_every`` optimizer steps, ``val/*`` every epoch
 Rates are over the window since the last log; peak memory is since the last log (0 on CPU).
 The run config is the resolved Hydra config plus ``env`` (GPU, versions, backend); no environment
 variables are copied into it. ``logger=none`` keeps the console output and writes no W&B run.
+Every logged line is also appended to ``out_dir/metrics.jsonl`` (``{"step": ..., key: value, ...}``)
+and kept in ``RunLogger.records``, whatever the logger, for scripts and tests to read.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 from pathlib import Path
@@ -56,12 +59,15 @@ class RunLogger:
     """
 
     def __init__(self, cfg, out_dir: str | os.PathLike, run_config: dict, rank: int = 0):
-        self.rank, self.run = rank, None
-        if rank != 0 or cfg.name == "none":
+        self.rank, self.run, self.records = rank, None, []
+        self.jsonl = Path(out_dir) / "metrics.jsonl"
+        if rank != 0:
+            return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        if cfg.name == "none":
             return
         import wandb
 
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=cfg.project, name=cfg.run_name, tags=list(cfg.tags or []), mode=cfg.mode,
                               dir=str(out_dir), config=run_config, reinit="finish_previous")
         self.run.define_metric("val/*", step_metric="epoch")
@@ -81,6 +87,9 @@ class RunLogger:
         if self.rank != 0:
             return
         self.print(f"{prefix}step {step}  {format_metrics(metrics)}")
+        self.records.append({"step": step, **metrics})
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(self.records[-1]) + "\n")
         if self.run is not None:
             self.run.log(metrics, step=step)
 
