@@ -32,6 +32,11 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "cuda": ("kernels.cuda", "attention"),
 }
 
+# head_dim range (inclusive) each backend runs, as plain numbers so that config checks need neither
+# Triton nor the CUDA extension; the backends' own checks agree (tests/test_reliability.py compares).
+# naive and sdpa run any head_dim.
+HEAD_DIM_LIMITS: dict[str, tuple[int, int]] = {"flash": (16, 256), "cuda": (1, 128)}
+
 
 def available_backends() -> list[str]:
     """Names accepted by :func:`get_attention`, sorted."""

@@ -9,7 +9,8 @@ W&B keys (``train/*`` every ``log_every`` optimizer steps, ``val/*`` every epoch
 
 Rates are over the window since the last log; peak memory is since the last log (0 on CPU).
 The run config is the resolved Hydra config plus ``env`` (GPU, versions, backend); no environment
-variables are copied into it. ``logger=none`` keeps the console output and writes no W&B run.
+variables are copied into it, and :func:`scrub_secrets` redacts secrets a config may hold.
+``logger=none`` keeps the console output and writes no W&B run.
 Every logged line is also appended to ``out_dir/metrics.jsonl`` (``{"step": ..., key: value, ...}``)
 and kept in ``RunLogger.records``, whatever the logger, for scripts and tests to read.
 """
@@ -37,6 +38,26 @@ def environment(backend: str, device: torch.device) -> dict:
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    gpu_count=torch.cuda.device_count())
     return env
+
+
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def scrub_secrets(obj, secrets: list[str] | None = None):
+    """``obj`` (nested dicts/lists/strings) with secrets replaced by ``"<redacted>"``: the value under any
+    key whose name contains KEY, TOKEN, SECRET or PASSWORD (any case), and, anywhere in a string, the
+    value (8+ characters) of any environment variable so named, e.g. ``WANDB_API_KEY``."""
+    if secrets is None:
+        secrets = [v for k, v in os.environ.items() if any(w in k.upper() for w in SECRET_WORDS) and len(v) >= 8]
+    if isinstance(obj, dict):
+        return {k: "<redacted>" if any(w in str(k).upper() for w in SECRET_WORDS) and v is not None
+                else scrub_secrets(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_secrets(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        for secret in secrets:
+            obj = obj.replace(secret, "<redacted>")
+    return obj
 
 
 def format_metrics(metrics: dict) -> str:
@@ -69,7 +90,7 @@ class RunLogger:
         import wandb
 
         self.run = wandb.init(project=cfg.project, name=cfg.run_name, tags=list(cfg.tags or []), mode=cfg.mode,
-                              dir=str(out_dir), config=run_config, reinit="finish_previous")
+                              dir=str(out_dir), config=scrub_secrets(run_config), reinit="finish_previous")
         self.run.define_metric("val/*", step_metric="epoch")
         self.run.summary["backend"] = run_config.get("env", {}).get("backend")
 
