@@ -62,7 +62,7 @@ def run_train(out_dir: Path, data_root: Path, crash_at: str | None = None, resum
     if crash_at:
         env["VIT_TEST_CRASH_AT"] = crash_at
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
 
 
 def assert_same_state(a: dict, b: dict, what: str) -> None:

@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-import kernels
 from eval import evaluate_checkpoint
 from train import train
 from vit.build import check_train_config
-from vit.checkpoint import TEMP_FILE, find_latest_checkpoint, load_checkpoint, load_model_weights
+from vit.checkpoint import find_latest_checkpoint, load_checkpoint, load_model_weights
 from vit.engine import NonFiniteLossError
 from vit.model import SIZES, create_model
 
@@ -157,7 +156,7 @@ def test_nan_loss_stops_naming_the_step_and_leaves_checkpoints_intact(monkeypatc
         train(cfg)
     assert sorted(before) == ["step_00000002.pt", "step_00000004.pt"]
     assert files_digest(ckpt_dir) == before  # byte for byte: nothing rewritten, added or half-written
-    path, state = find_latest_checkpoint(ckpt_dir)
+    _, state = find_latest_checkpoint(ckpt_dir)
     assert state["step"] == 4 and all(torch.isfinite(t).all() for t in state["model"].values())
 
 
