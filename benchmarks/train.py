@@ -35,6 +35,7 @@ from benchmarks.common import (
     time_ms,
     write_outputs,
 )
+from vit.model import SIZES
 
 # name -> our size and image size, timm's model name (+ overrides for the CPU-sized one), batch size.
 MODELS = {
@@ -43,7 +44,7 @@ MODELS = {
     # N = 577; batch 128 keeps naive's N×N activations (~55 GiB over 12 blocks) inside one H200.
     "vit_base_patch16_384": {"size": "base", "img_size": 384, "timm": "vit_base_patch16_384", "batch": 128},
     "debug_patch16_32": {"size": "debug", "img_size": 32, "timm": "vit_tiny_patch16_224", "batch": 8,
-                         "timm_overrides": {"img_size": 32, "embed_dim": 96, "depth": 4, "num_heads": 3}},
+                         "timm_overrides": {"img_size": 32, **SIZES["debug"]}},
 }
 # An implementation is "timm" or one of our registry's backends.
 EAGER = ["timm", "sdpa", "flash", "cuda", "naive"]
@@ -68,7 +69,6 @@ def flops_per_image(size: str, img_size: int, patch_size: int = 16, num_classes:
     2·2·N·D·(r·D); head 2·D·C. ViT-B/16 at 224 px: 35.1 GFLOP (timm/fvcore: 17.6 GMACs).
     Norms, softmax, GELU and the optimizer are not counted (standard MFU practice, PaLM appendix B).
     """
-    from vit.model import SIZES
 
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; valid sizes are: {', '.join(SIZES)}")
