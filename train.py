@@ -151,11 +151,12 @@ def train(cfg: DictConfig) -> dict:
 def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     rank, world_size, device = dist.rank, dist.world_size, dist.device
     strategy = resolve_strategy(cfg.get("strategy"), world_size)
-    own_dir = resolve_out_dir(cfg)
-    out_dir = broadcast_object(own_dir)  # rank 0's: one output directory for all ranks
-    if own_dir != out_dir:
-        with contextlib.suppress(OSError):  # this rank's empty Hydra run dir (see __main__)
-            own_dir.rmdir()
+    out_dir = broadcast_object(resolve_out_dir(cfg))  # rank 0's: one output directory for all ranks
+    if rank > 0 and HydraConfig.initialized():
+        own_dir = Path(HydraConfig.get().runtime.output_dir)
+        if own_dir != out_dir:
+            with contextlib.suppress(OSError):  # this rank's Hydra run dir, empty (see __main__)
+                own_dir.rmdir()
     ckpt_dir = out_dir / "checkpoints"
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)

@@ -50,9 +50,12 @@ def val(records: list[dict]) -> dict:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scale")
     digits = export_digits(tmp / "digits")
-    return {"one": run_train(tmp / "one", digits, 1), "tmp": tmp, "digits": digits,
+    one = run_train(tmp / "one", digits, 1, "checkpoint.every_steps=22")  # + a mid-epoch checkpoint
+    return {"one": one, "tmp": tmp, "digits": digits,
             "ddp": run_train(tmp / "ddp", digits, 2, "grad_ckpt=true"),
-            "fsdp": run_train(tmp / "fsdp", digits, 2, "strategy=fsdp")}
+            "fsdp": run_train(tmp / "fsdp", digits, 2, "strategy=fsdp"),
+            "fsdp_resume": run_train(tmp / "fsdp_resume", digits, 2, "strategy=fsdp",
+                                     f"resume={tmp / 'one' / 'checkpoints' / 'step_00000022.pt'}")}
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -85,9 +88,19 @@ def test_fsdp_checkpoint_is_a_full_state_dict_that_loads_on_one_process(runs):
     assert len(optimizer.state) == len(one["optimizer"]["state"])
 
 
+def test_fsdp_resumes_a_one_process_checkpoint_mid_epoch(runs):
+    """Weights and AdamW state of a 1-process checkpoint sharded over 2 ranks; the sampler resumes at
+    sample 22 × 32 of the epoch: steps 23-44 match the uninterrupted 1-process run."""
+    resumed = losses(runs["fsdp_resume"])
+    assert len(resumed) == 22
+    assert resumed == pytest.approx(losses(runs["one"])[22:], rel=1e-4)
+
+
 def test_one_output_dir_and_rank0_checkpoints(runs):
     names = sorted(p.name for p in (runs["tmp"] / "ddp" / "checkpoints").iterdir())
     assert names == ["best.pt", "step_00000044.pt"]
+    hydra_dirs = [d for d in (runs["tmp"] / "outputs").glob("*/*") if d.is_dir()]  # rank 0's Hydra dirs
+    assert hydra_dirs and all(any(d.iterdir()) for d in hydra_dirs)  # rank 1 left no empty one behind
 
 
 def test_grad_ckpt_gives_the_same_gradients():
