@@ -101,6 +101,19 @@ def test_unset_data_root_names_the_key(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_crash_hook_is_inert_unless_it_names_the_event(monkeypatch):
+    """VIT_TEST_CRASH_AT (tests/test_crash_resume.py) does nothing when unset or set to another event;
+    a failure here kills the test process."""
+    from vit.checkpoint import crash_point
+
+    monkeypatch.delenv("VIT_TEST_CRASH_AT", raising=False)
+    for event in ("step", "val", "save", "saved"):
+        crash_point(event)
+    monkeypatch.setenv("VIT_TEST_CRASH_AT", "val:1")
+    for event in ("step", "save", "saved"):
+        crash_point(event)
+
+
 # ---- weights that do not fit -------------------------------------------------------------------
 
 def test_weights_with_missing_and_unexpected_keys_name_them():
