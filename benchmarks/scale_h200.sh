@@ -8,7 +8,8 @@
 # and said so, once the deadline nears).
 #   bash benchmarks/scale_h200.sh                  # on the device (installs the wheels in .whl first)
 #   DRY_RUN=1 bash benchmarks/scale_h200.sh        # on a CPU: same steps, tiny model, gloo, no install
-if [ -z "$DRY_RUN" ]; then
+#   ONLY="1 2 3" bash benchmarks/scale_h200.sh     # only these runs (the log is appended to, the table covers all)
+if [ -z "${DRY_RUN:-}" ] && [ -z "${SKIP_INSTALL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
 set -u
@@ -18,7 +19,7 @@ OUT=${OUT:-/tmp/scale_out}
 RUNS=${RUNS_DIR:-/tmp/scale_runs}
 mkdir -p "$OUT" "$RUNS"
 LOG=$OUT/scale_h200.log
-: > "$LOG"
+[ -n "${ONLY:-}" ] || : > "$LOG"
 DEADLINE=${DEADLINE:-390}  # seconds for the runs; the table and the install come on top
 
 if [ -z "${DRY_RUN:-}" ]; then
@@ -41,6 +42,7 @@ date -u +"date %Y-%m-%dT%H:%M:%SZ" | tee -a "$LOG"
 # run NAME CAP_SECONDS LAUNCHER ARGS...: one train.py run into $RUNS/NAME, output appended to $LOG
 run() {
   local name=$1 cap=$2 left; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" ${name%%_*} "* ]]; then return; fi
   left=$((DEADLINE - SECONDS))
   if [ "$left" -lt 30 ]; then echo "=== $name: skipped (time budget spent)" | tee -a "$LOG"; return; fi
   [ "$cap" -gt "$left" ] && cap=$left
@@ -56,7 +58,9 @@ run() {
 N1=$((B1 * STEPS))
 run 1_flash_eager 70 $PY train.py $BASE $LO $COMMON attention=$FLASH batch_size=$B1 data.train_samples=$N1
 run 2_flash_compile 130 env TORCH_LOGS=graph_breaks $PY train.py $BASE $LO $COMMON attention=$FLASH batch_size=$B1 data.train_samples=$N1 compile=true
-if [ -z "${DRY_RUN:-}" ]; then
+if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" 3 "* ]]; then
+  :
+elif [ -z "${DRY_RUN:-}" ]; then
   echo "=== build cuda extension (t=${SECONDS}s)" | tee -a "$LOG"
   timeout 90 $PY -m kernels.cuda.build >> "$LOG" 2>&1; echo "=== build rc=$?" | tee -a "$LOG"
   run 3_cuda_eager 60 $PY train.py $BASE $LO $COMMON attention=cuda batch_size=$B1 data.train_samples=$N1
@@ -116,7 +120,7 @@ if mem("6_flash_1024") and mem("8_flash_1024_ckpt"):
     print(f"1024 px peak memory, grad_ckpt / plain (flash): {mem('8_flash_1024_ckpt') / mem('6_flash_1024'):.3f}")
 breaks = log.count("graph break") + log.count("Graph break")
 print(f"'graph break' mentions in the log: {breaks}")
-oom = "TrainingOutOfMemoryError" in log and "use attention=$FLASH" in log
+oom = "TrainingOutOfMemoryError" in log and "use attention=flash" in log
 print(f"naive at 1024 px: {'stopped with the out-of-memory message' if oom else 'NO out-of-memory message (rc ' + sums['7_naive_1024']['rc'] + ')'}")
 for line in log.splitlines():
     if "TrainingOutOfMemoryError:" in line:
