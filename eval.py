@@ -68,8 +68,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
                                          "attention": {"name": attention_name}}))
 
     device = resolve_device(cfg.device)
-    backend = resolve_backend(attention_name, device)
     amp_dtype = resolve_amp(cfg.amp, device)
+    backend = resolve_backend(attention_name, device, amp_dtype)
     loader, classes = build_eval_data(data_cfg, cfg.batch_size, device)
     if ours and list(ckpt["classes"]) != list(classes):
         raise RuntimeError(f"the val folder's classes differ from those the checkpoint was trained on "

@@ -51,7 +51,7 @@ from vit.checkpoint import (
 from vit.data import build_data
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
-from vit.logger import RunLogger, environment
+from vit.logger import RunLogger, environment, scrub_secrets
 from vit.wrap import (
     apply_compile,
     apply_distributed,
@@ -161,8 +161,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    backend = resolve_backend(cfg.attention.name, device)
     amp_dtype = resolve_amp(cfg.amp, device)
+    backend = resolve_backend(cfg.attention.name, device, amp_dtype)
     micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
     if micro_batch * cfg.grad_accum * world_size != cfg.batch_size:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by grad_accum × world size "
@@ -181,11 +181,12 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         init_path = to_absolute_path(cfg.init_from)
         load_model_weights(model, load_state_dict_file(init_path), source=init_path)
         print(f"[init] weights from {init_path}")
+    cfg_dict = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))  # what checkpoints and W&B hold
     resume = find_resume(cfg.resume, ckpt_dir)
     if resume is not None:
         path, ckpt = resume
         check_compatible(ckpt, path, margs, data.classes)
-        changed = [c for c in config_changes(ckpt["config"], OmegaConf.to_container(cfg, resolve=True))
+        changed = [c for c in config_changes(ckpt["config"], cfg_dict)
                    if not c.startswith(("resume:", "out_dir:"))]
         if changed:
             print(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changed)}")
@@ -209,7 +210,6 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
                                         f"optim.lr_scale_batch {scale_batch}" if scale_batch else
                                         " (optim.lr as given; optim.lr_scale_batch=K scales it by batch_size / K)"))
 
-    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     env = environment(backend, device)
     logger = RunLogger(cfg.logger, out_dir, {**cfg_dict, "env": env, "out_dir": str(out_dir),
                                              "resumed_from": str(resume[0]) if resume else None}, rank)

@@ -18,7 +18,7 @@ never imports Triton or builds a CUDA extension.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -5,7 +5,8 @@ from ``blockIdx.x * blockDim.x + threadIdx.x``, guards against running past ``n`
 consecutive elements (one 16-byte load per input); the host launches ``ceil(n / 4 / 256)`` blocks of
 256 threads. Block-level (Triton, below): each program takes ``BLOCK`` offsets from its
 ``program_id`` and masks the tail. Both are memory-bound (12 bytes moved per float32 element), so
-the ceiling is the device-to-device copy bandwidth (4.25 TB/s measured on the H200).
+the ceiling is the device-to-device copy bandwidth (4.16 TB/s measured on the H200 beside these kernels,
+benchmarks/results/cuda_h200.md; 4.25 TB/s in ../shared/perf/h200_baseline.md).
 """
 from __future__ import annotations
 

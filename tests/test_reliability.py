@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 
 from eval import evaluate_checkpoint
 from train import train
-from vit.build import check_train_config
+from vit.build import check_train_config, resolve_backend
 from vit.checkpoint import find_latest_checkpoint, load_checkpoint, load_model_weights
 from vit.engine import NonFiniteLossError
 from vit.model import SIZES, create_model
@@ -53,6 +53,7 @@ def compose_cfg(name: str, overrides: list[str]):
     ("nonfinite.max_skips=-1", "nonfinite.max_skips=-1: an integer >= 0"),
     ("schedule.warmup_epochs=-1", "schedule.warmup_epochs=-1: a number >= 0"),
     ("data.num_workers=-2", "data.num_workers=-2: an integer >= 0"),
+    ("amp=fp16", "amp='fp16': one of auto, bf16, none for training"),
 ])
 def test_invalid_value_fails_before_any_work(override, message, tmp_path):
     cfg = compose_cfg("train", [override, f"out_dir={tmp_path / 'out'}", "logger=none"])
@@ -113,6 +114,26 @@ def test_crash_hook_is_inert_unless_it_names_the_event(monkeypatch):
     for event in ("step", "save", "saved"):
         crash_point(event)
 
+
+
+def test_backend_that_cannot_run_on_this_device_fails_before_any_work(tmp_path):
+    cfg = compose_cfg("train", [*SYNTHETIC, "attention=cuda", f"out_dir={tmp_path / 'out'}", "logger=none"])
+    with pytest.raises(RuntimeError, match=r"attention=cuda runs on a CUDA GPU but this run's device is cpu"):
+        train(cfg)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resolve_backend_checks_device_and_dtype(monkeypatch):
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")  # a device object needs no GPU
+    with pytest.raises(RuntimeError, match=r"attention=cuda computes in bf16/fp16 only.*use amp=bf16"):
+        resolve_backend("cuda", gpu, None)
+    assert resolve_backend("cuda", gpu, torch.bfloat16) == "cuda"
+    import kernels.flash.configs as flash_configs
+    assert resolve_backend("flash", cpu, None) == "flash"  # CI: Triton's interpreter (tests/conftest.py)
+    monkeypatch.setattr(flash_configs, "INTERPRETED", False)
+    with pytest.raises(RuntimeError, match=r"attention=flash runs on a CUDA GPU but this run's device is cpu.*"
+                                           r"TRITON_INTERPRET=1"):
+        resolve_backend("flash", cpu, None)
 
 # ---- weights that do not fit -------------------------------------------------------------------
 
@@ -238,8 +259,9 @@ def test_environment_secrets_never_reach_the_logged_config(monkeypatch, tmp_path
         time.sleep(0.1)
     assert b"'api_key': '<redacted>'" in (run_file.parent / "logs" / "debug.log").read_bytes()
     assert b"from-<redacted>" in run_file.read_bytes()  # the keys are logged, the values are not
-    files = [p for p in tmp_path.rglob("*") if p.is_file() and "checkpoints" not in p.parts]
-    assert len(files) >= 4  # the .wandb log, debug logs (they print the config), output.log, ...
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) >= 4  # the .wandb log, debug logs (they print the config), output.log, checkpoints, ...
+    assert any(p.suffix == ".pt" for p in files)  # checkpoints hold the config too (stored uncompressed)
     for p in files:
         data = p.read_bytes()
         assert key.encode() not in data and token.encode() not in data, f"a secret leaked into {p}"

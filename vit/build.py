@@ -4,6 +4,8 @@ Shared by train.py and eval.py so both read config keys the same way.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
@@ -47,7 +49,9 @@ def check_train_config(cfg) -> None:
     if cfg.data.name != "synthetic":
         _require(isinstance(cfg.data.num_workers, int) and cfg.data.num_workers >= 0, "data.num_workers",
                  cfg.data.num_workers, "an integer >= 0")
-    _require(cfg.amp in ("auto", "bf16", "fp16", "none"), "amp", cfg.amp, "one of auto, bf16, fp16, none")
+    _require(cfg.amp in ("auto", "bf16", "none"), "amp", cfg.amp,
+             "one of auto, bf16, none for training (fp16 would need loss scaling, which this trainer does not do; "
+             "bf16 has float32's range)")
     _require(cfg.resume is None or isinstance(cfg.resume, str), "resume", cfg.resume, "null, 'auto' or a path")
     _require(cfg.get("init_from") is None or isinstance(cfg.init_from, str), "init_from", cfg.get("init_from"),
              "null or a path to weights")
@@ -82,15 +86,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
+def resolve_backend(name: str, device: torch.device, amp_dtype: torch.dtype | None) -> str:
     """The attention backend to run: ``auto`` -> ``flash`` on a CUDA device, ``naive`` otherwise.
 
-    The backend is imported here so that a missing one stops the run before training, never
-    falling back to another.
+    The backend is imported and checked against the device and the autocast dtype (``None``: float32)
+    here, so that one that cannot run stops the run before any work, never falling back to another.
 
     Raises:
         ValueError: unknown name (lists the valid ones).
-        RuntimeError: the backend cannot be imported or cannot run here; says how to fix it.
+        RuntimeError: the backend cannot be imported or cannot run on ``device`` / at ``amp_dtype``;
+            says how to fix it.
     """
     if name == "auto":
         name = "flash" if device.type == "cuda" else "naive"
@@ -101,6 +106,16 @@ def resolve_backend(name: str, device: torch.device) -> str:
         raise RuntimeError(f"attention backend {name!r} is not available here: {type(e).__name__}: {e}. "
                            f"It lives in kernels/{name}/; install/build it, or choose another backend with "
                            f"attention=naive or attention=sdpa (no automatic fallback)") from e
+    if name == "flash" and device.type != "cuda" and not importlib.import_module("kernels.flash.configs").INTERPRETED:
+        raise RuntimeError(f"attention=flash runs on a CUDA GPU but this run's device is {device}; use device=cuda on "
+                           f"a GPU machine, attention=sdpa or attention=naive, or set TRITON_INTERPRET=1 before "
+                           f"starting to run Triton's (slow) CPU interpreter")
+    if name == "cuda" and device.type != "cuda":
+        raise RuntimeError(f"attention=cuda runs on a CUDA GPU but this run's device is {device}; use device=cuda on "
+                           f"a GPU machine, or attention=sdpa or attention=naive")
+    if name == "cuda" and amp_dtype not in (torch.bfloat16, torch.float16):
+        raise RuntimeError("attention=cuda computes in bf16/fp16 only, but amp=none keeps activations in float32; "
+                           "use amp=bf16 (or amp=auto), or attention=flash, which also runs float32")
     return name
 
 

@@ -12,8 +12,8 @@ no qk-norm), so a timm state dict loads with strict=True. The model knows nothin
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 from timm.layers import DropPath, trunc_normal_
+from torch import nn
 
 from kernels import get_attention
 
@@ -45,7 +45,7 @@ class PatchEmbed(nn.Module):
         B, C, S1, S2 = x.shape
         if S1 != self.img_size or S2 != self.img_size:
             raise ValueError(f"input images are {S1}×{S2}, the model was built for {self.img_size}×{self.img_size}; "
-                             f"set data.img_size={self.img_size} or model.img_size={S1}")
+                             f"set data.img_size={self.img_size}, or build the model with img_size={S1}")
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
 

@@ -16,8 +16,9 @@ tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`
 - the extension compiles on first use and is cached (30 s with 16 jobs on the H200 machine, a few
   minutes on 2 cores): ``python -m kernels.cuda.build`` builds it ahead of time.
 
-Measured on an H200 (bf16, forward+backward, benchmarks/results/cuda_h200.md): 0.84× SDPA's flash
-backend at (8, 12, 4096, 64) and 1.06× at (256, 12, 197, 64).
+Measured on an H200 (bf16, forward+backward, against SDPA's flash backend in the same run): 0.84× at
+(8, 12, 4096, 64) and 1.06× at (256, 12, 197, 64) in benchmarks/results/cuda_h200.md; 0.85× and 1.21×
+in the later benchmarks/results/attention_baseline.md (run-to-run spread).
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ Contract: see :mod:`kernels`. This backend's limits:
 - a CUDA GPU, or any device under ``TRITON_INTERPRET=1`` (Triton's interpreter, slow: for CI).
   The variable must be set before this package is first imported.
 
-Deterministic: no atomics, so the same inputs give bitwise the same out, dq, dk, dv.
+Deterministic: no atomics, so for one kernel config the same inputs give bitwise the same out, dq,
+dk, dv. Block sizes are autotuned once per process and key (head_dim, dtype, N bucket); another
+process may pick other block sizes, which sums in another order and can differ in the last bits.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ BLOCK_N keys. It keeps a running row max ``m`` and row sum ``l`` (online softmax
 Backward: ``delta = rowsum(dO ∘ O)`` (preprocess), then two kernels that recompute
 ``P = exp(Q Kᵀ·scale − lse)`` tile by tile: one owns a K/V tile and loops over all query tiles
 (dK, dV), the other owns a query tile and loops over all key tiles (dQ). Each output element is
-written by exactly one program, so there are no atomics and results are bitwise deterministic.
+written by exactly one program, so there are no atomics and results are bitwise deterministic
+for a given block configuration.
 
 Shapes: every kernel takes (B, H, N, d) tensors through all four strides. ``HEAD_DIM`` is the real
 head dim, ``HEAD_DIM_PADDED`` the next power of two (at least 16) that ``tl.dot`` works on; the
