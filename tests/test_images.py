@@ -10,7 +10,14 @@ import torch
 from PIL import Image
 from timm.data import create_transform
 
-from vit.images import BadImageWarning, RobustImageFolder, check_same_classes, load_rgb, open_split
+from vit.images import (
+    BadImageWarning,
+    RobustImageFolder,
+    check_same_classes,
+    collate_drop_bad,
+    load_rgb,
+    open_split,
+)
 
 
 def smooth_rgb(seed: int, h: int = 20, w: int = 24) -> np.ndarray:
@@ -207,3 +214,36 @@ def test_class_mismatch_lists_both_sides(tmp_path):
     with pytest.raises(ValueError, match=r"only in train: \['emu'\], only in val: \['fox'\]"):
         check_same_classes(train, val)
     check_same_classes(train, open_split(tmp_path, "train"))
+
+
+def test_evaluation_split_drops_bad_files_instead_of_repeating_a_neighbour(tmp_path):
+    """In validation a bad file must not be replaced by the next image: that would count it twice."""
+    root = tmp_path / "val"
+    good = []
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(3):
+            path = root / cls / f"{i}.png"
+            Image.fromarray(np.full((8, 8, 3), 40 * i + (100 if cls == "b" else 0), np.uint8)).save(path)
+            good.append(path)
+    (root / "a" / "9_bad.jpg").write_bytes(b"not an image")
+    ds = RobustImageFolder(root, transform=lambda im: torch.from_numpy(np.asarray(im)).permute(2, 0, 1),
+                           max_bad_fraction=0.5, substitute_bad=False)
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, shuffle=False, collate_fn=collate_drop_bad)
+    with pytest.warns(BadImageWarning, match="9_bad.jpg"):
+        batches = [b for b in loader]
+    seen = [b for b in batches if b is not None]
+    assert sum(x.shape[0] for x, _ in seen) == len(good)  # 6 good images, each once; the bad one dropped
+    labels = torch.cat([y for _, y in seen]).tolist()
+    assert sorted(labels) == [0, 0, 0, 1, 1, 1]
+    assert collate_drop_bad([None, None]) is None
+
+
+def test_framework_substitutes_only_in_training(tmp_path):
+    from vit.data import build_imagefolder
+
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8) + 7).save(tmp_path / split / "a" / "0.png")
+    assert build_imagefolder(tmp_path, "train", None).substitute_bad is True
+    assert build_imagefolder(tmp_path, "val", None).substitute_bad is False

@@ -75,7 +75,8 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
     """The ``root/split/<class>/*`` folder as a dataset of (transformed RGB image, class index).
 
     Classes are the sub-folder names in sorted order. Decoding, RGB conversion and bad-file handling
-    (skipped with one warning each, counted in ``num_bad``) are :class:`vit.images.RobustImageFolder`'s.
+    (skipped with one warning each, counted in ``num_bad``) are :class:`vit.images.RobustImageFolder`'s;
+    outside ``split='train'`` a bad file's item is None, for loaders built with ``collate_drop_bad``.
 
     Raises:
         FileNotFoundError: ``root`` or ``root/split`` does not exist.
@@ -84,7 +85,10 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
     """
     from vit.images import open_split
 
-    return open_split(root, split, transform, max_bad_fraction=max_bad_fraction, verify=verify)
+    # Training substitutes the next good image for a bad one (full batches); evaluation drops it
+    # (vit.images.collate_drop_bad), so no image is counted twice in a metric.
+    return open_split(root, split, transform, max_bad_fraction=max_bad_fraction, verify=verify,
+                      substitute_bad=split == "train")
 
 
 def build_transform(cfg, is_training: bool):
@@ -251,7 +255,7 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
         val = SyntheticLoader(val_share, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 2 * rank + 1,
                               drop_last=False)
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
-    from vit.images import check_same_classes
+    from vit.images import check_same_classes, collate_drop_bad
 
     root = data_root(cfg)
     folder_args = folder_options(cfg)
@@ -267,7 +271,8 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     train = DataLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
                        drop_last=True, persistent_workers=False, generator=torch.Generator().manual_seed(seed))
     val = DataLoader(val_set, batch_size=eval_batch, sampler=range(rank, len(val_set), num_replicas),
-                     num_workers=workers, pin_memory=pin, generator=torch.Generator().manual_seed(seed + 1))
+                     num_workers=workers, pin_memory=pin, collate_fn=collate_drop_bad,
+                     generator=torch.Generator().manual_seed(seed + 1))
     return Data(train, val, train_set.classes, sampler, seeded)
 
 
@@ -277,8 +282,11 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object
         loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1,
                                  drop_last=False)
         return loader, [str(i) for i in range(cfg.num_classes)]
+    from vit.images import collate_drop_bad
+
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
                                 **folder_options(cfg))
     loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
-                        pin_memory=torch.device(device).type == "cuda", generator=torch.Generator().manual_seed(seed))
+                        pin_memory=torch.device(device).type == "cuda", collate_fn=collate_drop_bad,
+                        generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes

@@ -196,8 +196,10 @@ def evaluate(model, loader, device: torch.device, amp_dtype: torch.dtype | None 
     totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss_sum, correct1, correct5, count
     synchronize(device)
     t0 = time.perf_counter()
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    for batch in loader:
+        if batch is None:  # every image of this batch was a bad file (vit.images.collate_drop_bad)
+            continue
+        x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         with autocast(device, amp_dtype):
             logits = model(x).float()  # (B, num_classes)
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices  # (B, k)

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageFile
+from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 from tqdm import tqdm
 
@@ -93,6 +94,9 @@ class RobustImageFolder(ImageFolder):
             `data.max_bad_fraction`); more raises RuntimeError, as soon as the count passes it.
         verify: decode every file up front and drop bad ones (config `data.verify`); see the module docstring.
         background: RGB (0-255) that transparent pixels are composited over.
+        substitute_bad: True (training): a bad file's item is the next good one, so batches stay full.
+            False (evaluation): a bad file's item is None, which :func:`collate_drop_bad` drops, so no image
+            is counted twice in a validation metric.
     Items: `(transform(image), class_index)`; without a transform the image is an RGB PIL image.
     Attributes: `classes`, `class_to_idx`, `samples` (as ImageFolder), `num_files` (files found),
         `num_bad`, `bad_files` (their paths, sorted), `bad_reasons` (path -> reason, as seen by this process).
@@ -104,7 +108,8 @@ class RobustImageFolder(ImageFolder):
 
     def __init__(self, root: str | Path, transform: Callable | None = None,
                  target_transform: Callable | None = None, *, max_bad_fraction: float = 0.01,
-                 verify: bool = False, background: tuple[int, int, int] = (255, 255, 255)):
+                 verify: bool = False, background: tuple[int, int, int] = (255, 255, 255),
+                 substitute_bad: bool = True):
         if not 0.0 <= max_bad_fraction <= 1.0:
             raise ValueError(f"max_bad_fraction={max_bad_fraction} must be in [0, 1] (a fraction of the files)")
         root = Path(root)
@@ -114,6 +119,7 @@ class RobustImageFolder(ImageFolder):
             warnings.warn("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: truncated images will decode partly "
                           "(grey bottom) instead of being skipped as bad", BadImageWarning, stacklevel=2)
         self.max_bad_fraction, self.background = max_bad_fraction, tuple(background)
+        self.substitute_bad = substitute_bad
         super().__init__(str(root), transform, target_transform, loader=self._load, allow_empty=True)
         self.num_files = len(self.samples)
         self.bad_reasons: dict[str, str] = {}
@@ -177,12 +183,15 @@ class RobustImageFolder(ImageFolder):
                 f"Fix: delete or re-encode those files, or raise data.max_bad_fraction.")
 
     def __getitem__(self, index: int):
-        """(image, class_index) for `index`, or for the next index whose file decodes if that one is bad."""
+        """(image, class_index) for `index`; if its file is bad, the next index whose file decodes
+        (`substitute_bad=True`) or None (`substitute_bad=False`)."""
         n = len(self.samples)
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of range for {n} samples")
         for i in (j % n for j in range(index, index + n)):
             if self._bad[i]:
+                if not self.substitute_bad:
+                    return None
                 continue
             path, target = self.samples[i]
             try:
@@ -192,11 +201,20 @@ class RobustImageFolder(ImageFolder):
                     self._bad[i] = 1
                     self._record(path, f"{type(e).__name__}: {e}")
                     self._check_fraction()
+                if not self.substitute_bad:
+                    return None
                 continue
             img = self.transform(img) if self.transform is not None else img
             target = self.target_transform(target) if self.target_transform is not None else target
             return img, target
         raise RuntimeError(f"no file under {self.root} decodes; expected {LAYOUT}")
+
+
+def collate_drop_bad(batch: list):
+    """`default_collate` over the items that are not None (bad files of an evaluation split); None if
+    every item of the batch was bad."""
+    batch = [item for item in batch if item is not None]
+    return default_collate(batch) if batch else None
 
 
 def open_split(root: str | Path, split: str, transform: Callable | None = None, **kwargs) -> RobustImageFolder:
