@@ -11,27 +11,17 @@ config: give ``model=<size>`` and ``data=`` (and ``data.img_size``) that match i
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-from vit.build import build_model, check_model_config, resolve_amp, resolve_backend, resolve_device
+from vit.build import build_model, check_model_config, resolve_amp, resolve_backend, resolve_device, resolve_out_dir
 from vit.checkpoint import load_checkpoint, load_model_weights, load_state_dict_file
 from vit.data import build_eval_data
 from vit.engine import evaluate
 from vit.logger import RunLogger, environment
-
-
-def resolve_out_dir(cfg) -> Path:
-    if cfg.out_dir:
-        return Path(to_absolute_path(cfg.out_dir))
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path(to_absolute_path(time.strftime("outputs/eval/%Y-%m-%d/%H-%M-%S")))
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> dict:
@@ -80,7 +70,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict:
 
     metrics = evaluate(model, loader, device, amp_dtype)
     metrics.update(backend=backend, checkpoint=str(path), model=margs["size"], device=str(device))
-    out_dir = resolve_out_dir(cfg)
+    out_dir = resolve_out_dir(cfg, "outputs/eval/%Y-%m-%d/%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval.json").write_text(json.dumps(metrics, indent=2))
     logger = RunLogger(cfg.logger, out_dir, {**OmegaConf.to_container(cfg, resolve=True),

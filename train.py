@@ -36,6 +36,7 @@ from vit.build import (
     resolve_amp,
     resolve_backend,
     resolve_device,
+    resolve_out_dir,
 )
 from vit.checkpoint import (
     capture_rng_state,
@@ -62,15 +63,6 @@ from vit.wrap import (
     resolve_strategy,
     unwrap,
 )
-
-
-def resolve_out_dir(cfg) -> Path:
-    """``out_dir`` if set (relative to the launch directory), else the Hydra run dir."""
-    if cfg.out_dir:
-        return Path(to_absolute_path(cfg.out_dir))
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return Path(to_absolute_path(time.strftime("outputs/%Y-%m-%d/%H-%M-%S")))
 
 
 def find_resume(spec: str | None, ckpt_dir: Path) -> tuple[Path, dict] | None:

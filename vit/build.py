@@ -5,8 +5,12 @@ Shared by train.py and eval.py so both read config keys the same way.
 from __future__ import annotations
 
 import importlib
+import time
+from pathlib import Path
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import to_absolute_path
 from timm.optim import param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 
@@ -74,6 +78,16 @@ def check_model_config(cfg) -> None:
              f"a backend that runs head_dim={head_dim} (model.size={cfg.model.size}: embed_dim {dims['embed_dim']} / "
              f"num_heads {dims['num_heads']}); attention={cfg.attention.name} runs head_dim {lo}-{hi}. "
              f"Use attention=sdpa or attention=naive, or another model.size")
+
+
+def resolve_out_dir(cfg, fallback: str = "outputs/%Y-%m-%d/%H-%M-%S") -> Path:
+    """``out_dir`` if set (relative to the launch directory), else the Hydra run dir, else (``compose``
+    in tests) ``fallback`` formatted with the current time."""
+    if cfg.out_dir:
+        return Path(to_absolute_path(cfg.out_dir))
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(to_absolute_path(time.strftime(fallback)))
 
 
 def resolve_device(name: str) -> torch.device:
