@@ -2,7 +2,8 @@
 graph breaks, activation checkpointing, pos_embed resizing at ViT sizes, and the out-of-memory message.
 
 The torchrun runs train 1 epoch of digits (44 steps of the global batch 32) and log every step to
-``metrics.jsonl``; the per-step losses of 2 processes × 16 images must match 1 process × 32 images.
+``metrics.jsonl``; the per-step losses of 2 processes × 2 micro-batches of 8 images (gradient
+accumulation, reduced over ranks once a step) must match 1 process × 32 images.
 """
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ def runs(tmp_path_factory):
     digits = export_digits(tmp / "digits")
     one = run_train(tmp / "one", digits, 1, "checkpoint.every_steps=22")  # + a mid-epoch checkpoint
     return {"one": one, "tmp": tmp, "digits": digits,
-            "ddp": run_train(tmp / "ddp", digits, 2, "grad_ckpt=true"),
-            "fsdp": run_train(tmp / "fsdp", digits, 2, "strategy=fsdp"),
+            # grad_accum=2: two micro-batches of 8 per rank, gradients reduced once per step
+            "ddp": run_train(tmp / "ddp", digits, 2, "grad_ckpt=true", "grad_accum=2"),
+            "fsdp": run_train(tmp / "fsdp", digits, 2, "strategy=fsdp", "grad_accum=2"),
             "fsdp_resume": run_train(tmp / "fsdp_resume", digits, 2, "strategy=fsdp",
                                      f"resume={tmp / 'one' / 'checkpoints' / 'step_00000022.pt'}")}
 
@@ -67,7 +69,7 @@ def test_two_gloo_processes_match_one_process(runs, mode):
     assert two == pytest.approx(one, rel=1e-4)
     assert val(runs[mode])["val/loss"] == pytest.approx(val(runs["one"])["val/loss"], rel=1e-4)
     summary = json.loads((runs["tmp"] / mode / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["strategy"] == mode and summary["micro_batch"] == 16
+    assert summary["world_size"] == 2 and summary["strategy"] == mode and summary["micro_batch"] == 8
     assert not (runs["tmp"] / mode / "wandb").exists()
 
 
@@ -193,3 +195,22 @@ def test_steady_images_per_s_skips_warmup_and_validation():
     ends = [[0.0, 10.0, 11.0, 12.0], [100.0, 102.0, 104.0]]  # epoch starts, then step ends (s)
     assert steady_images_per_s(ends, 8, skip=1) == (4 * 8 / 6.0, 4)
     assert steady_images_per_s(ends, 8, skip=0) == (5 * 8 / 16.0, 5)
+
+
+def test_gradient_sync_skips_the_reduction_on_accumulation_micro_batches(tmp_path):
+    """DDP's all-reduce is off inside ``gradient_sync(model, False)`` and back on after it."""
+    import torch.distributed as dist
+
+    from vit.wrap import gradient_sync
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        for model in (ddp, torch.compile(ddp)):
+            with gradient_sync(model, enabled=False):
+                assert ddp.require_backward_grad_sync is False
+            assert ddp.require_backward_grad_sync is True
+            with gradient_sync(model, enabled=True):
+                assert ddp.require_backward_grad_sync is True
+    finally:
+        dist.destroy_process_group()

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vit.checkpoint import crash_point
+from vit.wrap import gradient_sync
 
 
 @dataclass
@@ -128,16 +129,17 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
     while state.step_in_epoch < steps_per_epoch:
         loss_sum = torch.zeros((), device=device)
         images = 0
-        for _ in range(grad_accum):
+        for micro in range(grad_accum):
             t_wait = time.perf_counter()
             x, y = next(it)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             meter.data_wait += time.perf_counter() - t_wait
             try:
-                with autocast(device, amp_dtype):
-                    logits = model(x)  # (B, num_classes)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
-                loss.backward()
+                with gradient_sync(model, enabled=micro == grad_accum - 1):  # reduce over ranks once a step
+                    with autocast(device, amp_dtype):
+                        logits = model(x)  # (B, num_classes)
+                    loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
+                    loss.backward()
             except torch.OutOfMemoryError as e:
                 logits = loss = None
                 raise TrainingOutOfMemoryError(

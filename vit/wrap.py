@@ -16,6 +16,7 @@ The model itself (vit/model.py) knows nothing of these. ``unwrap(model)`` gives 
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -91,6 +92,28 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             model = model.module
         else:
             return model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: torch.nn.Module, enabled: bool):
+    """With ``enabled=False``, run the enclosed forward and backward without reducing gradients over
+    ranks: DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``. For gradient accumulation,
+    every micro-batch but the last of an optimizer step; the last one reduces the summed gradients
+    once. A no-op on one process."""
+    inner = getattr(model, "_orig_mod", model)  # under torch.compile
+    if enabled:
+        yield
+    elif isinstance(inner, torch.nn.parallel.DistributedDataParallel):
+        with inner.no_sync():
+            yield
+    elif hasattr(inner, "set_requires_gradient_sync"):  # an FSDP2 module
+        inner.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            inner.set_requires_gradient_sync(True)
+    else:
+        yield
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
