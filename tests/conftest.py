@@ -1,8 +1,12 @@
 """Shared test helpers: markers, random inputs, the float64 reference and the error rule.
 
 Error rule (flash-attention's): a kernel's max abs error against the float64 reference may be at
-most 2× the naive backend's error at the same dtype, plus a small per-dtype floor so that exact
-ties at tiny errors do not fail.
+most 2× the naive backend's error at the same dtype, plus a floor at the rounding level: a small
+per-dtype constant plus ``ACCUM_ROUNDING`` float32 epsilons of the reference's magnitude. Every
+kernel accumulates in float32 in its own summation order, so at float32 inputs both errors are pure
+rounding and the kernel's can exceed 2× naive's by a few epsilons: measured up to 2.35 eps·max|ref|
+for flash's dk over 60 random (2, 1, 33, 32) float32 draws. At fp16/bf16 the term is negligible
+beside the dtype's own error.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 ERROR_FLOOR = {torch.float32: 1e-6, torch.float16: 1e-5, torch.bfloat16: 1e-4, torch.float64: 1e-12}
+ACCUM_ROUNDING = 8  # float32 epsilons of max|ref| (see the module docstring)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,14 +79,14 @@ def check_against_reference(fn, q, k, v, softmax_scale=None, baseline=None):
     refs = (ref_out.detach(), rq.grad, rk.grad, rv.grad)
     got = forward_backward(fn, q, k, v, do, softmax_scale)
     base = forward_backward(baseline, q, k, v, do, softmax_scale)
-    floor = ERROR_FLOOR[q.dtype]
     report = {}
     for name, r, g, b in zip(("out", "dq", "dk", "dv"), refs, got, base):
         assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        floor = ERROR_FLOOR[q.dtype] + ACCUM_ROUNDING * torch.finfo(torch.float32).eps * r.abs().max().item()
         err, base_err = max_err(g, r), max_err(b, r)
         report[name] = (err, base_err)
         assert err <= 2 * base_err + floor, (
-            f"{name}: max error {err:.3e} > 2 × baseline error {base_err:.3e} + floor {floor:.0e} "
+            f"{name}: max error {err:.3e} > 2 × baseline error {base_err:.3e} + floor {floor:.1e} "
             f"(shape {tuple(q.shape)}, dtype {q.dtype})"
         )
     return report
