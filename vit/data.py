@@ -24,6 +24,8 @@ from PIL import Image
 from timm.data import create_transform
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vit.images import check_same_classes, collate_drop_bad, open_split
+
 DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
 
 
@@ -83,8 +85,6 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
         ValueError: a class folder holds no image.
         RuntimeError: more than ``max_bad_fraction`` of the files cannot be decoded.
     """
-    from vit.images import open_split
-
     # Training substitutes the next good image for a bad one (full batches); evaluation drops it
     # (vit.images.collate_drop_bad), so no image is counted twice in a metric.
     return open_split(root, split, transform, max_bad_fraction=max_bad_fraction, verify=verify,
@@ -255,8 +255,6 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
         val = SyntheticLoader(val_share, eval_batch, cfg.img_size, cfg.num_classes, device, seed + 2 * rank + 1,
                               drop_last=False)
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
-    from vit.images import check_same_classes, collate_drop_bad
-
     root = data_root(cfg)
     folder_args = folder_options(cfg)
     train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True), **folder_args)
@@ -282,8 +280,6 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object
         loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1,
                                  drop_last=False)
         return loader, [str(i) for i in range(cfg.num_classes)]
-    from vit.images import collate_drop_bad
-
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
                                 **folder_options(cfg))
     loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
