@@ -3,6 +3,7 @@
     python -m benchmarks.train --preset main                 # ViT-B/16 224 px, eager + torch.compile
     python -m benchmarks.train --preset full                 # + ViT-S/16 224 px and ViT-B/16 384 px
     python -m benchmarks.train --preset smoke                # tiny model on CPU (naive, sdpa, timm)
+    python -m benchmarks.train --compiled timm flash --eager --memory-peak   # + what is alive at the peak
     python -m benchmarks.train --input-pipeline --workers 8 16 [--data-dir /path/to/imagefolder]
 
 One training step as the framework takes it: bf16 autocast forward, cross-entropy, backward,
@@ -147,6 +148,10 @@ def measure(impl, model_name, compiled, args, device, row) -> None:
     row["peak_gib"] = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else None
     flops = 3 * flops_per_image(spec["size"], S)
     row["model_tflops"] = flops * row["images_per_s"] / 1e12
+    if args.memory_peak and device == "cuda":  # one more step, traced: what is alive at its peak
+        from benchmarks.memory_peak import peak_sites, record
+
+        row["peak_sites"] = peak_sites(record(lambda: train_step(step_model, opt, x, y, args.clip_grad, device)))
 
 
 def run_config(impl, model_name, compiled, args, device) -> dict:
@@ -195,7 +200,13 @@ def render_markdown(env, config, rows) -> str:
               "`vit.model.create_model(size, attention=...)`. 'vs timm' compares with timm at the same compile setting.")]
     if env["gpu"] is None:
         notes.append("**CPU run: wall-clock timing, memory n/a. Not a GPU result.**")
-    return markdown_header("Training throughput", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+    text = markdown_header("Training throughput", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+    if any(r.get("peak_sites") for r in rows):
+        from benchmarks.memory_peak import render
+
+        text += ("\n## Alive at the peak (--memory-peak)\n\nOne extra traced step per configuration; blocks "
+                 "allocated during it and alive at its peak, by allocating line.\n" + render(rows))
+    return text
 
 
 def run_models(args, device, env) -> dict:
@@ -247,6 +258,8 @@ def parse_args(argv=None):
                         "shared/perf/h200_baseline.md's timm runs)")
     p.add_argument("--max-minutes", type=float, help="stop starting new configurations after this long")
     p.add_argument("--matmul-size", type=int, help="n of the n³ bf16 matmul ceiling (8192 on GPU)")
+    p.add_argument("--memory-peak", action="store_true",
+                   help="trace one extra step per configuration and list what is alive at its peak (CUDA)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", help="output file stem (default train_<preset>, or input_pipeline)")

@@ -11,12 +11,23 @@ The contract, shared by every backend::
   ``head_dim ** -0.5`` (Vaswani et al., 2017, "Attention Is All You Need", eq. 1).
 - ``out``: ``(B, H, N, d)``, q's dtype, ``softmax(q @ kᵀ · softmax_scale) @ v`` (non-causal).
 
+The packed form, which the ViT calls::
+
+    attention_qkvpacked(qkv, softmax_scale=None) -> out
+
+- ``qkv``: ``(B, N, 3, H, d)``, the fused qkv projection's output reshaped (q, k, v along dim 2).
+- ``out``: as above. The gradient of ``qkv`` is one ``(B, N, 3, H, d)`` tensor. A backend whose
+  backward writes it directly (``flash``) exports its own ``attention_qkvpacked``; for the others
+  :func:`get_attention_qkvpacked` splits ``qkv`` into strided views and calls ``attention``, and
+  autograd then stacks three separate gradients into one (a 3·B·N·D copy and buffer).
+
 Every backend's docstring points here and adds only its own limits (dtypes, head dims, devices)
 and its source. Backends are imported lazily by :func:`get_attention`, so importing this package
 never imports Triton or builds a CUDA extension.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 
@@ -65,3 +76,29 @@ def get_attention(name: str) -> AttentionFn:
     module_name, attr = BACKENDS[name]
     module = importlib.import_module(module_name)
     return getattr(module, attr)
+
+
+def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a packed ``(B, N, 3, H, d)`` qkv into three ``(B, H, N, d)`` strided views (no copy).
+
+    Raises:
+        ValueError: ``qkv`` is not 5-D with size 3 in dim 2.
+    """
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"packed qkv must be (B, N, 3, H, d), got shape {tuple(qkv.shape)}")
+    return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, N, d)
+
+
+def _split_then(attention: AttentionFn, qkv: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+    return attention(*split_qkv(qkv), softmax_scale=softmax_scale)
+
+
+def get_attention_qkvpacked(name: str) -> AttentionFn:
+    """Return the packed-qkv form of backend ``name`` (see this module's docstring).
+
+    The backend's own ``attention_qkvpacked`` if it has one, else :func:`split_qkv` followed by its
+    ``attention``. Raises what :func:`get_attention` raises.
+    """
+    attention = get_attention(name)
+    packed = getattr(importlib.import_module(BACKENDS[name][0]), "attention_qkvpacked", None)
+    return packed or functools.partial(_split_then, attention)

@@ -139,3 +139,41 @@ def test_flops_per_image_matches_flop_counter(size, img_size):
 def test_flops_per_image_vit_base():
     # timm/fvcore report 17.6 GMACs for vit_base_patch16_224 (matmuls and the patch conv)
     assert train_bench.flops_per_image("base", 224) / 2e9 == pytest.approx(17.56, abs=0.05)
+
+
+def test_memory_peak_replay_finds_the_peak_and_its_sites():
+    """A hand-written allocator trace: the peak is after the third alloc, before any free; blocks
+    freed before the peak and blocks that predate the trace do not count."""
+    from benchmarks.memory_peak import peak_sites, render, site_of
+
+    def frames(*where):
+        return [{"filename": f, "line": line, "name": fn} for f, line, fn in where]
+
+    plumbing = ("/x/site-packages/torch/nn/modules/module.py", 1, "_call_impl")
+    mine = ("/repo/vit/model.py", 70, "forward")
+    generated = ("/tmp/torchinductor_root/ab/cab.py", 512, "call")
+    events = [
+        {"action": "free_completed", "addr": 99, "size": 1000, "frames": []},  # allocated before the trace
+        {"action": "alloc", "addr": 1, "size": 100, "frames": frames(plumbing, mine)},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": frames(generated, mine)},
+        {"action": "free_completed", "addr": 2, "size": 50, "frames": []},
+        {"action": "alloc", "addr": 3, "size": 300, "frames": frames(plumbing, mine)},
+        {"action": "alloc", "addr": 4, "size": 200, "frames": frames(generated)},
+        {"action": "free_completed", "addr": 3, "size": 300, "frames": []},
+        {"action": "alloc", "addr": 5, "size": 10, "frames": frames(plumbing)},
+    ]
+    info = peak_sites(events)
+    assert info["peak_bytes"] == 600
+    assert info["sites"] == [("model.py:70 forward", 2, 400), ("cab.py:512 call", 1, 200)]
+    assert site_of(frames(plumbing)) == "?"
+    md = render([{"model": "m", "impl": "ours", "attention": "flash", "compile": True, "peak_sites": info}])
+    assert "`model.py:70 forward` | 2 | 0.000" in md
+
+
+def test_memory_peak_needs_a_gpu():
+    from benchmarks.memory_peak import record
+
+    if ON_GPU:
+        pytest.skip("checks the CPU-only error")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        record(lambda: None)

@@ -7,7 +7,8 @@ self-attention then an MLP, each with a residual. The class token's final state 
 
 Parameter names and layout match timm's `VisionTransformer` (global_pool='token', no layer scale,
 no qk-norm), so a timm state dict loads with strict=True. The model knows nothing of kernels beyond
-`kernels.get_attention(name)`: the attention backend is a callable on the `(B, H, N, d)` contract.
+`kernels.get_attention_qkvpacked(name)`: the backend is a callable from the fused projection's
+(B, N, 3, H, d) qkv to a (B, H, N, d) output (the contract in `kernels`).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from timm.layers import DropPath, trunc_normal_
 from torch import nn
 
-from kernels import get_attention
+from kernels import get_attention_qkvpacked
 
 # Named sizes: timm's Ti/S/B/L (width, depth, heads). debug (head_dim 32) takes the digits default to 96.9 %
 # val top-1 in 30 epochs (~4.5 s of one CPU core per epoch); 96 wide / 3 heads cost 1.5× per epoch and was at
@@ -63,13 +64,12 @@ class Attention(nn.Module):
 
     def set_attention(self, name: str) -> None:
         self.backend = name
-        self.attn_fn = get_attention(name)
+        self.attn_fn = get_attention_qkvpacked(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, N, d)
-        q, k, v = qkv.unbind(0)  # each (B, H, N, d), strided views
-        x = self.attn_fn(q, k, v)  # (B, H, N, d)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim)  # (B, N, 3, H, d)
+        x = self.attn_fn(qkv)  # (B, H, N, d)
         x = x.transpose(1, 2).reshape(B, N, D)  # (B, N, D)
         return self.proj(x)
 

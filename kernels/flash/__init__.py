@@ -23,9 +23,10 @@ import math
 import torch
 
 from . import configs
-from .op import bwd, fwd
+from .. import split_qkv
+from .op import bwd, bwd_qkvpacked, fwd, fwd_qkvpacked
 
-__all__ = ["attention", "bwd", "fwd"]
+__all__ = ["attention", "attention_qkvpacked", "bwd", "bwd_qkvpacked", "fwd", "fwd_qkvpacked"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -88,4 +89,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     """
     softmax_scale = _check(q, k, v, softmax_scale)
     out, _ = fwd(q, k, v, softmax_scale)
+    return out  # (B, H, N, d)
+
+
+def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+    """:func:`attention` on a packed ``(B, N, 3, H, d)`` qkv; the packed contract is in :mod:`kernels`.
+
+    Same kernels and result as ``attention(*split_qkv(qkv))``, bitwise; the backward writes dq, dk
+    and dv straight into one ``(B, N, 3, H, d)`` gradient instead of three tensors that autograd
+    then stacks (one 3·B·N·D copy and buffer fewer per attention layer).
+
+    Raises:
+        TypeError: ``qkv`` is not a tensor, or has an unsupported dtype.
+        ValueError: ``qkv`` is not ``(B, N, 3, H, d)``; otherwise as :func:`attention`.
+        RuntimeError: as :func:`attention`.
+    """
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    softmax_scale = _check(*split_qkv(qkv), softmax_scale)
+    out, _ = fwd_qkvpacked(qkv, softmax_scale)
     return out  # (B, H, N, d)

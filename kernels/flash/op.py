@@ -1,13 +1,18 @@
 """Launchers for the flash kernels, registered as ``torch.library`` ops with autograd.
 
 ``vit_flash::fwd(q, k, v, softmax_scale) -> (out, lse)`` and
-``vit_flash::bwd(do, q, k, v, out, lse, softmax_scale) -> (dq, dk, dv)`` are ``triton_op``s whose
-kernels are launched through ``wrap_triton``: ``torch.compile(fullgraph=True)`` traces into them
-(fake tensors give the output shapes) with no graph break, and Inductor launches the kernels
-itself. Under ``TRITON_INTERPRET=1`` they are opaque ``custom_op``s with fake implementations
-(compile still has no graph break; the op runs eagerly inside the graph). Autograd is registered on the forward
-op and saves ``q, k, v, out, lse`` only. Inputs are assumed valid here; the checks live in
-:func:`kernels.flash.attention`.
+``vit_flash::bwd(do, q, k, v, out, lse, softmax_scale) -> (dq, dk, dv)``, and their packed twins
+``vit_flash::fwd_qkvpacked(qkv, softmax_scale) -> (out, lse)`` and
+``vit_flash::bwd_qkvpacked(do, qkv, out, lse, softmax_scale) -> dqkv`` (qkv and dqkv
+``(B, N, 3, H, d)``, as the ViT's fused projection makes them). All but ``bwd_qkvpacked`` are
+``triton_op``s whose kernels are launched through ``wrap_triton``: ``torch.compile(fullgraph=True)``
+traces into them (fake tensors give the output shapes) with no graph break, and Inductor launches
+the kernels itself. ``bwd_qkvpacked`` is an opaque ``custom_op`` (why: at its registration); compile
+calls it as one extern kernel, also with no graph break. Under ``TRITON_INTERPRET=1`` all four are
+opaque ``custom_op``s with fake implementations (compile still has no graph break; the op runs
+eagerly inside the graph). Autograd is registered on the forward ops and saves ``q, k, v`` (or
+``qkv``), ``out`` and ``lse`` only. Inputs are assumed valid here; the checks live in
+:mod:`kernels.flash`.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import torch
 import triton
 from torch.library import triton_op, wrap_triton
 
+from .. import split_qkv
 from . import configs
 from .kernels import LOG2E, flash_bwd_preprocess_kernel
 
@@ -103,18 +109,34 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
     return out, lse
 
 
-def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv) -> None:
+    """Write dq, dk, dv (preallocated, any strides) for one backward pass."""
     B, H, N, d = q.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
     launch_preprocess(out, do, delta)
-    dq = torch.empty((B, H, N, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, H, N, d), dtype=k.dtype, device=k.device)
-    dv = torch.empty((B, H, N, d), dtype=v.dtype, device=v.device)
     cls = configs.head_dim_class(d)
     launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale)
     launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale)
+
+
+def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # (B, H, N, d)
+    _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv)
     return dq, dk, dv
+
+
+def _fwd_qkvpacked(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(*split_qkv(qkv), softmax_scale)
+
+
+def _bwd_qkvpacked(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   softmax_scale: float) -> torch.Tensor:
+    """The gradient of a packed ``(B, N, 3, H, d)`` qkv, written in place by the dq and dk/dv
+    kernels: no stack of three separate gradients follows (it costs a 3·B·N·D copy and buffer)."""
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)  # (B, N, 3, H, d)
+    _bwd_into(do, *split_qkv(qkv), out, lse, softmax_scale, *split_qkv(dqkv))
+    return dqkv
 
 
 def _fwd_fake(q, k, v, softmax_scale):
@@ -126,10 +148,18 @@ def _bwd_fake(do, q, k, v, out, lse, softmax_scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _register(name, fn, fake):
-    """A ``triton_op`` (compile sees the kernels); under the interpreter, which ``wrap_triton``
-    cannot trace, an opaque ``custom_op`` with an explicit fake implementation instead."""
-    if configs.INTERPRETED:
+def _fwd_qkvpacked_fake(qkv, softmax_scale):
+    return _fwd_fake(*split_qkv(qkv), softmax_scale)
+
+
+def _bwd_qkvpacked_fake(do, qkv, out, lse, softmax_scale):
+    return qkv.new_empty(qkv.shape)
+
+
+def _register(name, fn, fake, opaque=False):
+    """A ``triton_op`` (compile sees the kernels), or an opaque ``custom_op`` with an explicit fake
+    implementation: under the interpreter, which ``wrap_triton`` cannot trace, and where ``opaque``."""
+    if configs.INTERPRETED or opaque:
         op = torch.library.custom_op(name, fn, mutates_args=())
         op.register_fake(fake)
         return op
@@ -138,6 +168,10 @@ def _register(name, fn, fake):
 
 _fwd_op = _register("vit_flash::fwd", _fwd, _fwd_fake)
 _register("vit_flash::bwd", _bwd, _bwd_fake)
+_fwd_qkvpacked_op = _register("vit_flash::fwd_qkvpacked", _fwd_qkvpacked, _fwd_qkvpacked_fake)
+# Opaque to Inductor: traced, its dk/dv kernel would mutate two views of one buffer, a case that
+# PyTorch's own triton_kernel_wrap.py marks as a known functionalization bug.
+_register("vit_flash::bwd_qkvpacked", _bwd_qkvpacked, _bwd_qkvpacked_fake, opaque=True)
 
 
 def _setup_context(ctx, inputs, output):
@@ -146,16 +180,34 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zeros for lse's gradient, which is never used
 
 
 def _backward(ctx, dout, dlse):
-    # lse is non-differentiable (an auxiliary output for the backward), so dlse carries nothing.
+    # lse is non-differentiable (an auxiliary output for the backward), so dlse is None.
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.vit_flash.bwd(dout, q, k, v, out, lse, ctx.softmax_scale)
     return dq, dk, dv, None
 
 
+def _setup_context_qkvpacked(ctx, inputs, output):
+    qkv, softmax_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, out, lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zeros for lse's gradient, which is never used
+
+
+def _backward_qkvpacked(ctx, dout, dlse):
+    qkv, out, lse = ctx.saved_tensors
+    return torch.ops.vit_flash.bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale), None
+
+
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+_fwd_qkvpacked_op.register_autograd(_backward_qkvpacked, setup_context=_setup_context_qkvpacked)
 
 fwd = torch.ops.vit_flash.fwd
 bwd = torch.ops.vit_flash.bwd
+fwd_qkvpacked = torch.ops.vit_flash.fwd_qkvpacked
+bwd_qkvpacked = torch.ops.vit_flash.bwd_qkvpacked

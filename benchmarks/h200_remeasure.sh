@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Re-measure on one H200 (device kind nvidia-h200) what changed since benchmarks/results/ was written,
+# in two device calls of under 10 minutes each (wheels in .whl, carried):
+#   PART=1: build the CUDA extension; pytest -m gpu for flash, cuda and the vector add
+#           (gpu_tests_h200.log); ViT-B/16 eager and compiled, ours (flash) beside timm, with what is
+#           alive at each peak (train_vitb.{json,md,log}).
+#   PART=2: ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*); the attention baseline and
+#           full presets (attention_baseline.*, attention_full.*).
+# Everything lands in $OUT/results.tgz (one file, so the device's limit on returned files holds).
+#   device run, carry [".whl"]:  PART=1 bash benchmarks/h200_remeasure.sh
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 MAX_JOBS=16 TORCH_CUDA_ARCH_LIST=9.0 WANDB_MODE=disabled
+R=/tmp/results
+mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.txt"
+case "${PART:-1}" in
+  1)
+    python3 -m kernels.cuda.build 2>&1 | tail -2
+    timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
+      tests/test_flash.py tests/test_cuda_kernels.py tests/test_vector_add.py > "$R/gpu_tests_h200.log" 2>&1
+    echo "pytest exit $? at ${SECONDS}s"; tail -3 "$R/gpu_tests_h200.log"
+    timeout 210 python3 -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
+      --compiled timm flash --memory-peak --max-minutes 3.2 --out "$R" --name train_vitb > "$R/train_vitb.log" 2>&1
+    tail -6 "$R/train_vitb.log"
+    ;;
+  2)
+    timeout 250 python3 -m benchmarks.train --models vit_small_patch16_224 vit_base_patch16_384 \
+      --eager timm flash --compiled timm flash --max-minutes 3.8 --out "$R" --name train_vits_384 \
+      > "$R/train_vits_384.log" 2>&1
+    tail -9 "$R/train_vits_384.log"
+    timeout 120 python3 -m benchmarks.attention --preset baseline --out "$R" > "$R/attention_baseline.log" 2>&1
+    timeout 170 python3 -m benchmarks.attention --preset full --out "$R" > "$R/attention_full.log" 2>&1
+    tail -3 "$R/attention_baseline.log" "$R/attention_full.log"
+    ;;
+esac
+tar czf "$OUT/results.tgz" -C "$R" .
+echo "done at ${SECONDS}s"
