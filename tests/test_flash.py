@@ -92,7 +92,7 @@ def test_large_logits_stay_finite(dtype):
     """
     q, k, v = make_qkv(1, 2, 65, 32, dtype=dtype, device=DEVICE)
     q, k = (t.detach().mul(100).requires_grad_() for t in (q, k))
-    ref, (rq, rk, rv) = reference_attention(q, k, v)
+    ref, (_, _, rv) = reference_attention(q, k, v)
     do = torch.randn_like(ref)
     ref.backward(do)
     out, dq, dk, dv = forward_backward(attention, q, k, v, do)

@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from . import configs
 from .. import split_qkv
+from . import configs
 from .op import bwd, bwd_qkvpacked, fwd, fwd_qkvpacked
 
 __all__ = ["attention", "attention_qkvpacked", "bwd", "bwd_qkvpacked", "fwd", "fwd_qkvpacked"]
