@@ -5,7 +5,8 @@ function under ``torch.cuda.memory._record_memory_history`` (PyTorch's allocator
 behind https://pytorch.org/memory_viz), :func:`peak_sites` replays the trace's alloc and free events,
 finds the moment the bytes allocated *during the step* peak, and groups the blocks alive then by the
 Python line that allocated them (for ``torch.compile`` that is a line of Inductor's generated code,
-which names the buffer). Used by ``python -m benchmarks.train --memory-peak``.
+which names the buffer; in eager mode autograd's C++ allocates the backward's buffers, so they all
+point at the ``loss.backward()`` caller). Used by ``python -m benchmarks.train --memory-peak``.
 """
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ _PLUMBING = ("/torch/", "/triton/", "<frozen ", "/functools.py", "/contextlib.py
 
 
 def site_of(frames: Iterable[dict]) -> str:
-    """``file:line function`` of the innermost frame that is not PyTorch/Triton plumbing.
+    """``file:line function`` of the innermost Python frame that is not PyTorch/Triton plumbing.
 
     ``frames`` is a trace event's ``frames`` list (innermost first), each with ``filename``,
-    ``line`` and ``name``. Returns ``"?"`` when every frame is plumbing or none was recorded.
+    ``line`` and ``name``; C++ frames (no ``.py`` file) are skipped. Returns ``"?"`` when every
+    frame is plumbing or none was recorded.
     """
     for f in frames:
         name = f.get("filename", "")
+        if not name.endswith(".py"):
+            continue
         if "torchinductor" in name or not any(p in name for p in _PLUMBING):
             return f"{name.rsplit('/', 1)[-1]}:{f.get('line')} {f.get('name')}"
     return "?"
@@ -74,7 +78,7 @@ def record(fn: Callable[[], object], max_entries: int = 1_000_000) -> list[dict]
     if not torch.cuda.is_available():
         raise RuntimeError("the memory trace needs a CUDA GPU (it records the CUDA caching allocator)")
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=max_entries)
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=max_entries)
     try:
         fn()
         torch.cuda.synchronize()

@@ -85,7 +85,8 @@ def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         ValueError: ``qkv`` is not 5-D with size 3 in dim 2.
     """
     if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"packed qkv must be (B, N, 3, H, d), got shape {tuple(qkv.shape)}")
+        raise ValueError(f"packed qkv must be (B, N, 3, H, d), got shape {tuple(qkv.shape)}; reshape the fused "
+                         f"projection's (B, N, 3·H·d) output with .reshape(B, N, 3, num_heads, head_dim)")
     return qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 × (B, H, N, d)
 
 

@@ -170,6 +170,17 @@ def test_memory_peak_replay_finds_the_peak_and_its_sites():
     assert "`model.py:70 forward` | 2 | 0.000" in md
 
 
+def test_memory_peak_site_skips_cpp_frames():
+    """Frames as the allocator records them (innermost first, C++ before Python when recorded)."""
+    from benchmarks.memory_peak import site_of
+
+    def here():
+        return torch._C._profiler.gather_traceback(python=True, script=True, cpp=True)
+
+    tb = torch._C._profiler.symbolize_tracebacks([here()])[0]
+    assert site_of(tb).startswith("test_benchmarks.py:") and site_of(tb).endswith(" here")
+
+
 def test_memory_peak_needs_a_gpu():
     from benchmarks.memory_peak import record
 

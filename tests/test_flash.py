@@ -295,14 +295,17 @@ def test_gpu_compiled_matches_float64(seq_len, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("seq_len, head_dim", [(197, 64), (1025, 80)])
-def test_gpu_qkvpacked_compiled_equals_split(seq_len, head_dim):
-    """Inductor, not only aot_eager: the packed backward writes into views of one buffer."""
+def test_gpu_qkvpacked_compiled_matches_float64(seq_len, head_dim):
+    """Inductor, not only aot_eager, on the packed form. Against float64, not bitwise against eager:
+    Inductor autotunes the forward kernel again and may pick other blocks (another summation order)."""
     torch._dynamo.reset()
-    qkv = torch.randn(4, seq_len, 3, 12, head_dim, device="cuda", dtype=torch.bfloat16)
-    do = torch.randn(4, 12, seq_len, head_dim, device="cuda", dtype=torch.bfloat16)
-    compiled = torch.compile(lambda t: attention_qkvpacked(t) * 1.0, fullgraph=True)
-    (out, dqkv), (want_out, want_dqkv) = _packed_vs_split(compiled, qkv, do)
-    assert torch.equal(out, want_out) and torch.equal(dqkv, want_dqkv)
+    compiled = torch.compile(attention_qkvpacked, fullgraph=True)
+
+    def packed(q, k, v, softmax_scale=None):
+        return compiled(torch.stack((q, k, v), dim=2).transpose(1, 3), softmax_scale)  # (B, N, 3, H, d)
+
+    q, k, v = make_qkv(4, 12, seq_len, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(packed, q, k, v)
 
 
 @pytest.mark.gpu

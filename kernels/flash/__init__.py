@@ -33,8 +33,8 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 MAX_BATCH_HEADS = 65535
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale) -> float:
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, names=("q", "k", "v")) -> float:
+    for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _DTYPES:
@@ -106,6 +106,6 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
     """
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    softmax_scale = _check(*split_qkv(qkv), softmax_scale)
+    softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
     out, _ = fwd_qkvpacked(qkv, softmax_scale)
     return out  # (B, H, N, d)
