@@ -247,3 +247,20 @@ def test_framework_substitutes_only_in_training(tmp_path):
         Image.fromarray(np.zeros((8, 8, 3), np.uint8) + 7).save(tmp_path / split / "a" / "0.png")
     assert build_imagefolder(tmp_path, "train", None).substitute_bad is True
     assert build_imagefolder(tmp_path, "val", None).substitute_bad is False
+
+
+def test_randaugment_runs_every_op_at_full_magnitude():
+    """timm's RandAugment ('inc1' ops, as `data.auto_augment=rand-m9-mstd0.5-inc1`) reaches magnitude 10,
+    where PosterizeIncreasing keeps 0 bits; Pillow 13 raises on that inside a DataLoader worker,
+    hence pyproject's pillow<13. Every op is forced to run at magnitude 10 on a real RGB image."""
+    from timm.data.auto_augment import rand_augment_transform
+
+    augment = rand_augment_transform("rand-m10-mstd0-inc1", {"img_mean": (124, 116, 104)})
+    img = Image.fromarray(smooth_rgb(0, 32, 32))
+    names = []
+    for op in augment.ops:
+        op.prob = 1.0
+        out = op(img)
+        assert out.size == img.size and out.mode == "RGB", op.name
+        names.append(op.name)
+    assert "PosterizeIncreasing" in names
