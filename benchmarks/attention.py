@@ -3,6 +3,7 @@
     python -m benchmarks.attention --preset baseline        # the shapes of shared/perf/h200_baseline.md
     python -m benchmarks.attention --preset full            # ViT-S/B/L at 224/384 px + N sweep, bf16 and fp16
     python -m benchmarks.attention --preset smoke           # tiny, runs on CPU (naive + sdpa)
+    python -m benchmarks.attention --layout packed          # as the ViT calls it: one (B, N, 3, H, d) qkv
 
 Method (ARCHITECTURE.md, Benchmarks): FLOPs forward = 4·B·H·N²·d (two N×N×d matmuls), backward =
 2.5× forward (five matmuls, one recomputed in FlashAttention-2), forward+backward = 3.5×. Each phase
@@ -12,6 +13,10 @@ Peak memory = ``max_memory_allocated`` during one forward+backward minus what wa
 (the inputs); it includes the output and dq, dk, dv. Every backend's output is also checked against
 float32 naive attention on a slice (first batch element, first two heads) and the max error reported.
 A backend that fails or runs out of memory gets a row with the error; none is skipped silently.
+``--layout bhnd`` (default) times ``attention(q, k, v)`` on contiguous (B, H, N, d) tensors, the
+kernels alone; ``--layout packed`` times ``get_attention_qkvpacked(name)(qkv)`` on one (B, N, 3, H, d)
+leaf, as the ViT calls it, so the backward includes assembling the qkv gradient (autograd's stack and
+copy for backends without a packed form; nothing for ``flash``).
 Outputs: ``<out>/<name>.json``, ``.md`` and ``.png`` (time, memory and speedup vs N per backend).
 """
 from __future__ import annotations
@@ -77,58 +82,76 @@ def flops_forward(B: int, H: int, N: int, d: int) -> float:
     return 4.0 * B * H * N * N * d
 
 
-def resolve_backend(name: str):
-    """-> (attention fn, context manager factory). Raises whatever the registry raises."""
-    from kernels import get_attention
+def resolve_backend(name: str, layout: str = "bhnd"):
+    """-> (attention fn, context manager factory); the packed form for ``layout='packed'``.
+    Raises whatever the registry raises."""
+    from kernels import get_attention, get_attention_qkvpacked
 
     if name not in BACKENDS:
         raise ValueError(f"unknown benchmark backend {name!r}; valid: {', '.join(BACKENDS)}")
     registry_name, sdpa_backend = BACKENDS[name]
-    fn = get_attention(registry_name)
+    fn = (get_attention_qkvpacked if layout == "packed" else get_attention)(registry_name)
     ctx = (lambda: sdpa_kernel(sdpa_backend)) if sdpa_backend is not None else contextlib.nullcontext
     return fn, ctx
 
 
-def input_sets(B, H, N, d, dtype, device, l2_bytes):
-    """Random q, k, v (leaves needing grad) and do; enough sets that their total exceeds 2× the L2."""
+def input_sets(B, H, N, d, dtype, device, l2_bytes, layout="bhnd"):
+    """Random inputs and do; enough sets that their total exceeds 2× the L2.
+
+    Each set is ``(inputs, do)``: inputs ``(q, k, v)``, leaves of (B, H, N, d), or with
+    ``layout='packed'`` ``(qkv,)``, one (B, N, 3, H, d) leaf; do (B, H, N, d).
+    """
     set_bytes = 4 * B * H * N * d * torch.finfo(dtype).bits // 8
     n = 1 if device == "cpu" else max(2, min(64, math.ceil(2 * l2_bytes / set_bytes)))
     sets = []
     for _ in range(n):
-        q, k, v, do = (torch.randn(B, H, N, d, device=device, dtype=dtype) for _ in range(4))  # (B, H, N, d)
-        sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
+        do = torch.randn(B, H, N, d, device=device, dtype=dtype)  # (B, H, N, d)
+        if layout == "packed":
+            inputs = (torch.randn(B, N, 3, H, d, device=device, dtype=dtype),)  # (B, N, 3, H, d)
+        else:
+            inputs = tuple(torch.randn(B, H, N, d, device=device, dtype=dtype) for _ in range(3))  # (B, H, N, d)
+        sets.append((tuple(t.requires_grad_() for t in inputs), do))
     return sets
 
 
-def max_error_vs_fp32(fn, q, k, v) -> float:
-    """Max |fn - float32 naive| on the first batch element and first two heads (cheap at any N)."""
+def max_error_vs_fp32(fn, inputs) -> float:
+    """Max |fn - float32 naive| on the first batch element and first two heads (cheap at any N).
+
+    ``inputs`` as in :func:`input_sets`: ``(q, k, v)``, or ``(qkv,)`` for the packed form.
+    """
+    from kernels import split_qkv
     from kernels.naive import attention as naive
 
-    qs, ks, vs = (t[:1, :2].detach() for t in (q, k, v))  # (1, ≤2, N, d)
+    if len(inputs) == 1:
+        qkv = inputs[0][:1, :, :, :2].detach().contiguous()  # (1, N, 3, ≤2, d)
+        args, (qs, ks, vs) = (qkv,), split_qkv(qkv)
+    else:
+        qs, ks, vs = (t[:1, :2].detach().contiguous() for t in inputs)  # (1, ≤2, N, d)
+        args = (qs, ks, vs)
     with torch.no_grad():
         ref = naive(qs.float(), ks.float(), vs.float())
-        got = fn(qs.contiguous(), ks.contiguous(), vs.contiguous())
+        got = fn(*args)
     return (got.float() - ref).abs().max().item()
 
 
-def measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row):
+def measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row, layout="bhnd"):
     """Fill ``row`` with fwd / bwd / fwd+bwd ms, TFLOP/s and peak MiB; exceptions propagate."""
-    fn, ctx = resolve_backend(name)
+    fn, ctx = resolve_backend(name, layout)
     with ctx():
-        sets = input_sets(B, H, N, d, DTYPES[dtype_name], device, l2_bytes)
+        sets = input_sets(B, H, N, d, DTYPES[dtype_name], device, l2_bytes, layout)
         row["input_sets"] = len(sets)
 
         def fwd(i):
-            q, k, v, _ = sets[i % len(sets)]
-            return fn(q, k, v)
+            inputs, _ = sets[i % len(sets)]
+            return fn(*inputs)
 
         def fwd_bwd(i):
-            q, k, v, do = sets[i % len(sets)]
-            return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+            inputs, do = sets[i % len(sets)]
+            return torch.autograd.grad(fn(*inputs), inputs, do)
 
         def bwd(i, out):
-            q, k, v, do = sets[i % len(sets)]
-            return torch.autograd.grad(out, (q, k, v), do)
+            inputs, do = sets[i % len(sets)]
+            return torch.autograd.grad(out, inputs, do)
 
         flops = flops_forward(B, H, N, d)
         for phase, kwargs, mult in (("fwd", {"fn": fwd}, 1.0), ("bwd", {"fn": bwd, "setup": fwd}, 2.5),
@@ -141,14 +164,14 @@ def measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row):
             peak = peak_extra_bytes(f, device=device)
             row[f"{phase}_peak_mib"] = None if peak is None else peak / MiB
         # Last: autotuned kernels key on (N, d) only, so the first call must be the full shape, not this slice.
-        row["max_err"] = max_error_vs_fp32(fn, *sets[0][:3])
+        row["max_err"] = max_error_vs_fp32(fn, sets[0][0])
 
 
-def run_case(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes) -> dict:
-    row = {"backend": name, "B": B, "H": H, "N": N, "d": d, "dtype": dtype_name, "status": "ok"}
+def run_case(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, layout="bhnd") -> dict:
+    row = {"backend": name, "B": B, "H": H, "N": N, "d": d, "dtype": dtype_name, "layout": layout, "status": "ok"}
     t0 = time.perf_counter()
     try:
-        measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row)
+        measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row, layout)
     except Exception as exc:  # noqa: BLE001  one failing backend must not stop the run; its row says why
         row["status"] = error_text(exc)
     free_memory()
@@ -179,6 +202,9 @@ COLUMNS = [("B", "B", 0), ("H", "H", 0), ("N", "N", 0), ("d", "d", 0), ("dtype",
 def render_markdown(env, config, rows) -> str:
     notes = [(f"Preset `{config['preset']}`; warm-up {config['warmup']}, median of {config['iters']} calls per phase; "
              "inputs rotated over sets totalling > 2× L2."),
+             ("Layout `packed`: each backend's packed form on one (B, N, 3, H, d) qkv, as the ViT calls it; the "
+              "backward includes assembling the qkv gradient." if config.get("layout") == "packed" else
+              "Layout `bhnd`: contiguous (B, H, N, d) q, k, v, the kernels alone."),
              ("FLOPs: fwd 4·B·H·N²·d, bwd 2.5×, fwd+bwd 3.5×. Peak = extra memory allocated during the phase beyond "
              "the inputs (includes out, and dq/dk/dv for fwd+bwd); n/a on CPU."),
              ("sdpa-X = `F.scaled_dot_product_attention` pinned to SDPBackend.X; naive = softmax(q·kᵀ·d^-0.5 in "
@@ -213,6 +239,8 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--name", help="output file stem (default attention_<preset>)")
+    p.add_argument("--layout", choices=["bhnd", "packed"], default="bhnd",
+                   help="bhnd: q, k, v (B, H, N, d), the kernels alone; packed: one (B, N, 3, H, d) qkv, as the ViT")
     p.add_argument("--no-plot", action="store_true")
     return p.parse_args(argv)
 
@@ -225,8 +253,9 @@ def main(argv=None) -> dict:
     config = {"preset": args.preset, "shapes": args.shapes or preset["shapes"],
               "dtypes": args.dtypes or preset["dtypes"], "backends": args.backends or preset["backends"],
               "warmup": preset["warmup"] if args.warmup is None else args.warmup,
-              "iters": preset["iters"] if args.iters is None else args.iters, "device": args.device}
-    name = args.name or f"attention_{args.preset}"
+              "iters": preset["iters"] if args.iters is None else args.iters, "device": args.device,
+              "layout": args.layout}
+    name = args.name or f"attention_{args.preset}" + ("_packed" if args.layout == "packed" else "")
     env = environment(["benchmarks/attention.py"] + list(sys.argv[1:] if argv is None else argv), device=args.device)
     print_environment(env)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) if args.device == "cuda" else 0
@@ -236,7 +265,8 @@ def main(argv=None) -> dict:
     for dtype_name in config["dtypes"]:
         for B, H, N, d in config["shapes"]:
             for backend in config["backends"]:
-                row = run_case(backend, B, H, N, d, dtype_name, args.device, config["warmup"], config["iters"], l2)
+                row = run_case(backend, B, H, N, d, dtype_name, args.device, config["warmup"], config["iters"], l2,
+                               args.layout)
                 rows.append(row)
                 print(f"{dtype_name} B={B:<4} H={H:<3} N={N:<6} d={d:<4} {backend:<15} "
                       f"fwd {row.get('fwd_ms', float('nan')):9.3f} ms  fwd+bwd {row.get('fwdbwd_ms', float('nan')):9.3f} ms"

@@ -4,8 +4,9 @@
 #   PART=1: build the CUDA extension; pytest -m gpu for flash, cuda and the vector add
 #           (gpu_tests_h200.log); ViT-B/16 eager and compiled, ours (flash) beside timm, with what is
 #           alive at each peak (train_vitb.{json,md,log}).
-#   PART=2: ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*); the attention baseline and
-#           full presets (attention_baseline.*, attention_full.*).
+#   PART=2: ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*); the attention baseline
+#           (kernels alone, and in the ViT's packed layout) and full presets (attention_baseline*.*,
+#           attention_full.*).
 # Everything lands in $OUT/results.tgz (one file, so the device's limit on returned files holds).
 #   device run, carry [".whl"]:  PART=1 bash benchmarks/h200_remeasure.sh
 set -u
@@ -30,9 +31,11 @@ case "${PART:-1}" in
       --eager timm flash --compiled timm flash --max-minutes 3.8 --out "$R" --name train_vits_384 \
       > "$R/train_vits_384.log" 2>&1
     tail -9 "$R/train_vits_384.log"
-    timeout 120 python3 -m benchmarks.attention --preset baseline --out "$R" > "$R/attention_baseline.log" 2>&1
-    timeout 170 python3 -m benchmarks.attention --preset full --out "$R" > "$R/attention_full.log" 2>&1
-    tail -3 "$R/attention_baseline.log" "$R/attention_full.log"
+    timeout 100 python3 -m benchmarks.attention --preset baseline --out "$R" > "$R/attention_baseline.log" 2>&1
+    timeout 60 python3 -m benchmarks.attention --preset baseline --layout packed --backends sdpa-flash sdpa-cudnn \
+      flash --out "$R" > "$R/attention_baseline_packed.log" 2>&1
+    timeout 150 python3 -m benchmarks.attention --preset full --out "$R" > "$R/attention_full.log" 2>&1
+    tail -3 "$R/attention_baseline.log" "$R/attention_baseline_packed.log" "$R/attention_full.log"
     ;;
 esac
 tar czf "$OUT/results.tgz" -C "$R" .

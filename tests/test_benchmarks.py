@@ -60,13 +60,27 @@ def test_attention_smoke_writes_real_rows(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_attention_packed_layout_times_the_vit_call(tmp_path):
+    """--layout packed: each backend's packed form on one (B, N, 3, H, d) leaf, checked against
+    float32 naive; flash (Triton interpreter on CPU) in float32 beside naive."""
+    result = attn_bench.main(["--layout", "packed", "--backends", "naive", "flash", "--dtypes", "fp32",
+                              "--shapes", "2,3,17,16", "--iters", "2", "--warmup", "1", "--out", str(tmp_path),
+                              "--no-plot"])
+    assert Path(result["paths"]["md"]).name == "attention_baseline_packed.md"
+    rows = {r["backend"]: r for r in result["rows"]}
+    for r in rows.values():
+        assert r["status"] == "ok" and r["layout"] == "packed", r
+        assert r["fwdbwd_ms"] > 0 and r["max_err"] < 1e-5, r
+    assert "Layout `packed`" in Path(result["paths"]["md"]).read_text()
+
+
 def test_attention_failing_backend_gets_error_row(tmp_path, monkeypatch):
     real = attn_bench.resolve_backend
 
-    def resolve(name):
+    def resolve(name, *args):
         if name == "flash":
             raise RuntimeError("kernel not built")
-        return real(name)
+        return real(name, *args)
 
     monkeypatch.setattr(attn_bench, "resolve_backend", resolve)
     result = attn_bench.main(["--preset", "smoke", "--backends", "naive", "flash", "--shapes", "2,2,16,16",
