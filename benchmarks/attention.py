@@ -249,6 +249,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    if args.device == "cpu" and args.preset != "smoke" and args.shapes is None:
+        raise ValueError(f"--preset {args.preset} is sized for a GPU (up to B·N = 32768 tokens, N = 16384) and would "
+                         f"run for hours on a CPU; use --preset smoke, or give CPU-sized --shapes")
     preset = PRESETS[args.preset]
     config = {"preset": args.preset, "shapes": args.shapes or preset["shapes"],
               "dtypes": args.dtypes or preset["dtypes"], "backends": args.backends or preset["backends"],

@@ -280,6 +280,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    if args.device == "cpu" and not args.input_pipeline and args.preset != "smoke" and args.models is None:
+        raise ValueError(f"--preset {args.preset} trains ViT-B/16 at batch 256 and would run for hours on a CPU; "
+                         f"use --preset smoke (or name --models and --batch-size yourself)")
     for impl in (args.eager or []) + (args.compiled or []):
         if impl != "timm":
             from kernels import available_backends

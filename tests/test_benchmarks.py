@@ -91,6 +91,14 @@ def test_attention_failing_backend_gets_error_row(tmp_path, monkeypatch):
     assert "error: RuntimeError: kernel not built" in Path(result["paths"]["md"]).read_text()
 
 
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU guard")
+def test_gpu_presets_refused_on_cpu():
+    with pytest.raises(ValueError, match="--preset smoke"):
+        attn_bench.main(["--layout", "packed", "--no-plot"])
+    with pytest.raises(ValueError, match="--preset smoke"):
+        train_bench.main([])
+
+
 def test_attention_bad_arguments():
     with pytest.raises(ValueError, match="B,H,N,d"):
         attn_bench.parse_shapes("2,2,16")
