@@ -280,6 +280,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    if args.memory_peak and args.device != "cuda":
+        raise ValueError("--memory-peak traces the CUDA caching allocator and needs --device cuda on a GPU machine")
     if args.device == "cpu" and not args.input_pipeline and args.preset != "smoke" and args.models is None:
         raise ValueError(f"--preset {args.preset} trains ViT-B/16 at batch 256 and would run for hours on a CPU; "
                          f"use --preset smoke (or name --models and --batch-size yourself)")

@@ -97,6 +97,8 @@ def test_gpu_presets_refused_on_cpu():
         attn_bench.main(["--layout", "packed", "--no-plot"])
     with pytest.raises(ValueError, match="--preset smoke"):
         train_bench.main([])
+    with pytest.raises(ValueError, match="needs --device cuda"):
+        train_bench.main(["--preset", "smoke", "--memory-peak"])
 
 
 def test_attention_bad_arguments():
