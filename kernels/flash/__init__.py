@@ -97,7 +97,16 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
 
     Same kernels and result as ``attention(*split_qkv(qkv))``, bitwise; the backward writes dq, dk
     and dv straight into one ``(B, N, 3, H, d)`` gradient instead of three tensors that autograd
-    then stacks (one 3·B·N·D copy and buffer fewer per attention layer).
+    then stacks (two 3·B·N·D copies fewer per attention layer in eager mode: the stack and the
+    contiguous copy the qkv projection's backward needs).
+
+    Args:
+        qkv: ``(B, N, 3, H, d)`` float16/bfloat16/float32, any strides (q, k, v along dim 2).
+        softmax_scale: positive float, default ``d ** -0.5``.
+
+    Returns:
+        ``out``: ``(B, H, N, d)``, qkv's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable
+        in ``qkv``; its gradient is a contiguous ``(B, N, 3, H, d)`` tensor.
 
     Raises:
         TypeError: ``qkv`` is not a tensor, or has an unsupported dtype.
