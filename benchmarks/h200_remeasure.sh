@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Re-measure on one H200 (device kind nvidia-h200) what changed since benchmarks/results/ was written,
-# in two device calls of under 10 minutes each (wheels in .whl, carried):
-#   PART=1: build the CUDA extension; pytest -m gpu for flash, cuda and the vector add
-#           (gpu_tests_h200.log); ViT-B/16 eager and compiled, ours (flash) beside timm, with what is
-#           alive at each peak (train_vitb.{json,md,log}).
-#   PART=2: ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*); the attention baseline
-#           (kernels alone, and in the ViT's packed layout) and full presets (attention_baseline*.*,
-#           attention_full.*).
+# in three device calls of under 10 minutes each (wheels in .whl, carried):
+#   PART=1: build the CUDA extension; pytest -m gpu for flash, cuda and the vector add (gpu_tests_h200.log).
+#   PART=2: ViT-B/16 eager and compiled, ours (flash) beside timm, with what is alive at each peak
+#           (train_vitb.*); ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*).
+#   PART=3: the attention baseline (kernels alone, and in the ViT's packed layout) and the full preset
+#           (attention_baseline*.*, attention_full.*).
 # Everything lands in $OUT/results.tgz (one file, so the device's limit on returned files holds).
 #   device run, carry [".whl"]:  PART=1 bash benchmarks/h200_remeasure.sh
 set -u
@@ -19,22 +18,24 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.t
 case "${PART:-1}" in
   1)
     python3 -m kernels.cuda.build 2>&1 | tail -2
-    timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
+    timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
       tests/test_flash.py tests/test_cuda_kernels.py tests/test_vector_add.py > "$R/gpu_tests_h200.log" 2>&1
     echo "pytest exit $? at ${SECONDS}s"; tail -3 "$R/gpu_tests_h200.log"
+    ;;
+  2)
     timeout 210 python3 -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
       --compiled timm flash --memory-peak --max-minutes 3.2 --out "$R" --name train_vitb > "$R/train_vitb.log" 2>&1
     tail -6 "$R/train_vitb.log"
-    ;;
-  2)
     timeout 250 python3 -m benchmarks.train --models vit_small_patch16_224 vit_base_patch16_384 \
       --eager timm flash --compiled timm flash --max-minutes 3.8 --out "$R" --name train_vits_384 \
       > "$R/train_vits_384.log" 2>&1
     tail -9 "$R/train_vits_384.log"
+    ;;
+  3)
     timeout 100 python3 -m benchmarks.attention --preset baseline --out "$R" > "$R/attention_baseline.log" 2>&1
     timeout 60 python3 -m benchmarks.attention --preset baseline --layout packed --backends sdpa-flash sdpa-cudnn \
       flash --out "$R" > "$R/attention_baseline_packed.log" 2>&1
-    timeout 150 python3 -m benchmarks.attention --preset full --out "$R" > "$R/attention_full.log" 2>&1
+    timeout 300 python3 -m benchmarks.attention --preset full --out "$R" > "$R/attention_full.log" 2>&1
     tail -3 "$R/attention_baseline.log" "$R/attention_baseline_packed.log" "$R/attention_full.log"
     ;;
 esac
