@@ -47,6 +47,8 @@ def export_digits(root: str | os.PathLike | None = None) -> Path:
     root = Path(root) if root is not None else default_cache_dir() / "digits"
     if (root / ".complete").exists():
         return root
+    print(f"[data] data=digits: exporting scikit-learn's handwritten digits to {root} (once); "
+          f"for your own images use data=imagefolder data.root=<folder>")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
