@@ -175,9 +175,10 @@ _register("vit_flash::bwd_qkvpacked", _bwd_qkvpacked, _bwd_qkvpacked_fake, opaqu
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale = inputs
+    """For both forward ops: inputs are ``(q, k, v, softmax_scale)`` or ``(qkv, softmax_scale)``."""
+    *tensors, softmax_scale = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(*tensors, out, lse)
     ctx.softmax_scale = softmax_scale
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # no zeros for lse's gradient, which is never used
@@ -190,22 +191,13 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None
 
 
-def _setup_context_qkvpacked(ctx, inputs, output):
-    qkv, softmax_scale = inputs
-    out, lse = output
-    ctx.save_for_backward(qkv, out, lse)
-    ctx.softmax_scale = softmax_scale
-    ctx.mark_non_differentiable(lse)
-    ctx.set_materialize_grads(False)  # no zeros for lse's gradient, which is never used
-
-
 def _backward_qkvpacked(ctx, dout, dlse):
     qkv, out, lse = ctx.saved_tensors
     return torch.ops.vit_flash.bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale), None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
-_fwd_qkvpacked_op.register_autograd(_backward_qkvpacked, setup_context=_setup_context_qkvpacked)
+_fwd_qkvpacked_op.register_autograd(_backward_qkvpacked, setup_context=_setup_context)
 
 fwd = torch.ops.vit_flash.fwd
 bwd = torch.ops.vit_flash.bwd
