@@ -63,6 +63,11 @@ def forward_backward(fn, q, k, v, do, softmax_scale=None):
     return out.detach(), q.grad, k.grad, v.grad
 
 
+def pack_qkv(q, k, v):
+    """Three (B, H, N, d) tensors as one packed (B, N, 3, H, d) view (the inverse of ``kernels.split_qkv``)."""
+    return torch.stack((q, k, v), dim=2).transpose(1, 3)
+
+
 def max_err(a, b):
     return (a.double() - b.double()).abs().max().item()
 

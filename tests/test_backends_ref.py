@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ERROR_FLOOR, forward_backward, make_qkv, max_err, reference_attention
+from conftest import ERROR_FLOOR, forward_backward, make_qkv, max_err, pack_qkv, reference_attention
 
 from kernels import available_backends, get_attention, get_attention_qkvpacked, split_qkv
 
@@ -70,7 +70,7 @@ def test_softmax_scale_and_strided_views(backend):
     do = torch.randn_like(ref)
     out.backward(do.float())
     ref.backward(do)
-    ref_grad = torch.stack([rq.grad, rk.grad, rv.grad]).permute(1, 3, 0, 2, 4)  # (B, N, 3, H, d)
+    ref_grad = pack_qkv(rq.grad, rk.grad, rv.grad)  # (B, N, 3, H, d)
     assert max_err(out, ref) < 2e-6
     assert max_err(leaf.grad, ref_grad) < 2e-6 * max(1.0, ref_grad.abs().max().item())
 
@@ -93,7 +93,7 @@ def test_qkvpacked_form_is_the_split_call(backend):
     q, k, v = (t.detach() for t in split_qkv(qkv))
     want = forward_backward(get_attention(backend), q, k, v, do, softmax_scale=0.2)
     assert torch.equal(out, want[0])
-    assert torch.equal(qkv.grad, torch.stack(want[1:], dim=2).transpose(1, 3))
+    assert torch.equal(qkv.grad, pack_qkv(*want[1:]))
 
 
 def test_split_qkv_rejects_wrong_shapes():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import check_against_reference, make_qkv, max_err, reference_attention
+from conftest import check_against_reference, make_qkv, max_err, pack_qkv, reference_attention
 
 from kernels import get_attention
 from kernels.cuda import attention, build, check_inputs, ops
@@ -227,7 +227,7 @@ def test_strided_qkv_from_fused_projection(dtype):
     ref, (rq, rk, rv) = reference_attention(q, k, v)
     do = torch.randn_like(ref)
     ref.backward(do)
-    ref_grad = torch.stack([rq.grad, rk.grad, rv.grad]).permute(1, 3, 0, 2, 4)  # (B, N, 3, H, d)
+    ref_grad = pack_qkv(rq.grad, rk.grad, rv.grad)  # (B, N, 3, H, d)
     errs = {}
     for name, fn in (("cuda", attention), ("naive", get_attention("naive"))):
         qkv.grad = None

@@ -26,7 +26,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ERROR_FLOOR, check_against_reference, forward_backward, make_qkv, max_err, reference_attention
+from conftest import (
+    ERROR_FLOOR,
+    check_against_reference,
+    forward_backward,
+    make_qkv,
+    max_err,
+    pack_qkv,
+    reference_attention,
+)
 
 from kernels import split_qkv
 from kernels.flash import attention, attention_qkvpacked, fwd
@@ -147,7 +155,7 @@ def _packed_vs_split(packed_fn, qkv, do):
     out.backward(do)
     q, k, v = split_qkv(qkv.detach())
     split = forward_backward(attention, q, k, v, do)
-    return (out.detach(), qkv.grad), (split[0], torch.stack(split[1:], dim=2).transpose(1, 3))
+    return (out.detach(), qkv.grad), (split[0], pack_qkv(*split[1:]))
 
 
 @pytest.mark.parametrize("seq_len, head_dim", [(1, 16), (37, 32), (65, 80)])
@@ -302,7 +310,7 @@ def test_gpu_qkvpacked_compiled_matches_float64(seq_len, head_dim):
     compiled = torch.compile(attention_qkvpacked, fullgraph=True)
 
     def packed(q, k, v, softmax_scale=None):
-        return compiled(torch.stack((q, k, v), dim=2).transpose(1, 3), softmax_scale)  # (B, N, 3, H, d)
+        return compiled(pack_qkv(q, k, v), softmax_scale)  # (B, N, 3, H, d)
 
     q, k, v = make_qkv(4, 12, seq_len, head_dim, dtype=torch.bfloat16, device="cuda")
     check_against_reference(packed, q, k, v)
