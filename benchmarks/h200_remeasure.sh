@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Re-measure on one H200 (device kind nvidia-h200) what changed since benchmarks/results/ was written,
 # in three device calls of under 10 minutes each (wheels in .whl, carried):
-#   PART=1: build the CUDA extension; pytest -m gpu for flash, cuda and the vector add (gpu_tests_h200.log).
+#   PART=1: build the CUDA extension; pytest -m gpu: the packed-path tests (gpu_tests_h200_packed.log), then the
+#           rest of flash, cuda and the vector add (gpu_tests_h200.log).
 #   PART=2: ViT-B/16 eager and compiled, ours (flash) beside timm, with what is alive at each peak
 #           (train_vitb.*); ViT-S/16 and ViT-B/16 384 px beside timm (train_vits_384.*).
 #   PART=3: the attention baseline (kernels alone, and in the ViT's packed layout) and the full preset
@@ -18,9 +19,13 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$R/gpu.t
 case "${PART:-1}" in
   1)
     python3 -m kernels.cuda.build 2>&1 | tail -2
-    timeout 480 python3 -m pytest -m gpu -q -p no:cacheprovider -rs \
+    NEW="qkvpacked_compiled or vit_small_trains_like_sdpa"
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -k "$NEW" \
+      tests/test_flash.py > "$R/gpu_tests_h200_packed.log" 2>&1
+    echo "pytest (packed path) exit $? at ${SECONDS}s"; tail -3 "$R/gpu_tests_h200_packed.log"
+    timeout $((540 - SECONDS)) python3 -m pytest -m gpu -q -p no:cacheprovider -rs -k "not ($NEW)" \
       tests/test_flash.py tests/test_cuda_kernels.py tests/test_vector_add.py > "$R/gpu_tests_h200.log" 2>&1
-    echo "pytest exit $? at ${SECONDS}s"; tail -3 "$R/gpu_tests_h200.log"
+    echo "pytest (the rest) exit $? at ${SECONDS}s"; tail -3 "$R/gpu_tests_h200.log"
     ;;
   2)
     timeout 210 python3 -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
