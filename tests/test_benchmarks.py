@@ -212,3 +212,12 @@ def test_memory_peak_needs_a_gpu():
         pytest.skip("checks the CPU-only error")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         record(lambda: None)
+
+
+def test_launch_overhead_needs_a_gpu():
+    from benchmarks import launch_overhead
+
+    if ON_GPU:
+        pytest.skip("checks the CPU-only error")
+    with pytest.raises(SystemExit, match="machine with a CUDA GPU"):
+        launch_overhead.main()

@@ -1,0 +1,70 @@
+"""Is a backend's call bound by the GPU or by the Python that launches it? CPU time vs GPU time per call.
+
+    python -m benchmarks.launch_overhead            # CUDA only
+
+For each shape, each flash op and each autograd forward+backward (flash, flash packed, SDPA) is called
+50 times back to back after 5 warm-up calls. ``cpu`` is the wall time of enqueuing those calls (no
+synchronisation inside the loop, so the GPU runs behind), ``gpu`` the CUDA-event time of the same
+calls. ``cpu ≈ gpu`` means the GPU waited on Python: the call costs its launch overhead, not its kernels.
+Shapes run in the order given, ViT-S/16 repeated after ViT-B/16, to show the spread of one process.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(256, 6, 197, 64), (256, 12, 197, 64), (256, 6, 197, 64), (32, 12, 1024, 64)]  # (B, H, N, d)
+
+
+def cpu_and_gpu_ms(fn, calls: int = 50, warmup: int = 5) -> tuple[float, float]:
+    """(CPU ms, GPU ms) per call of ``fn``, over ``calls`` back-to-back calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(calls):
+        fn()
+    cpu = (time.perf_counter() - t0) / calls * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    return cpu, start.elapsed_time(end) / calls
+
+
+def cases(B: int, H: int, N: int, d: int, dtype=torch.bfloat16) -> dict:
+    """name -> zero-argument callable, on fresh random inputs of one shape."""
+    from kernels.flash import attention, attention_qkvpacked, op
+
+    q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=dtype) for _ in range(3))  # (B, H, N, d)
+    qkv = torch.randn(B, N, 3, H, d, device="cuda", dtype=dtype)  # (B, N, 3, H, d)
+    softmax_scale = d ** -0.5
+    out, lse = op.fwd(q, k, v, softmax_scale)
+    packed_out, packed_lse = op.fwd_qkvpacked(qkv, softmax_scale)
+    do = torch.randn_like(out)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    qkvg = qkv.clone().requires_grad_()
+    return {
+        "fwd op": lambda: op.fwd(q, k, v, softmax_scale),
+        "fwd_qkvpacked op": lambda: op.fwd_qkvpacked(qkv, softmax_scale),
+        "bwd op": lambda: op.bwd(do, q, k, v, out, lse, softmax_scale),
+        "bwd_qkvpacked op": lambda: op.bwd_qkvpacked(do, qkv, packed_out, packed_lse, softmax_scale),
+        "attention fwd+bwd": lambda: torch.autograd.grad(attention(qg, kg, vg), (qg, kg, vg), do),
+        "packed fwd+bwd": lambda: torch.autograd.grad(attention_qkvpacked(qkvg), (qkvg,), do),
+        "sdpa fwd+bwd": lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg), (qg, kg, vg), do),
+    }
+
+
+def main() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.launch_overhead times CUDA launches; run it on a machine with a CUDA GPU")
+    for B, H, N, d in SHAPES:
+        for name, fn in cases(B, H, N, d).items():
+            cpu, gpu = cpu_and_gpu_ms(fn)
+            print(f"B={B} H={H} N={N} d={d}  {name:20s} cpu {cpu:6.3f} ms/call  gpu {gpu:6.3f} ms/call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
