@@ -1,6 +1,7 @@
 """Is a backend's call bound by the GPU or by the Python that launches it? CPU time vs GPU time per call.
 
     python -m benchmarks.launch_overhead            # CUDA only
+    python -m benchmarks.launch_overhead --profile  # and where the CPU time of each flash case goes (cProfile)
 
 For each shape, each flash op and each autograd forward+backward (flash, flash packed, SDPA) is called
 50 times back to back after 5 warm-up calls. ``cpu`` is the wall time of enqueuing those calls (no
@@ -10,6 +11,9 @@ Shapes run in the order given, ViT-S/16 repeated after ViT-B/16, to show the spr
 """
 from __future__ import annotations
 
+import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -57,13 +61,35 @@ def cases(B: int, H: int, N: int, d: int, dtype=torch.bfloat16) -> dict:
     }
 
 
-def main() -> None:
+def profile(fn, calls: int = 200, top: int = 12) -> None:
+    """Print the ``top`` functions by own CPU time over ``calls`` calls of ``fn`` (after warm-up)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--profile", action="store_true", help="also cProfile each flash case at the first shape")
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.launch_overhead times CUDA launches; run it on a machine with a CUDA GPU")
     for B, H, N, d in SHAPES:
         for name, fn in cases(B, H, N, d).items():
             cpu, gpu = cpu_and_gpu_ms(fn)
             print(f"B={B} H={H} N={N} d={d}  {name:20s} cpu {cpu:6.3f} ms/call  gpu {gpu:6.3f} ms/call", flush=True)
+    if args.profile:
+        for name, fn in cases(*SHAPES[0]).items():
+            if not name.startswith("sdpa"):
+                print(f"\n## cProfile, 200 calls of {name} at (B, H, N, d) = {SHAPES[0]}", flush=True)
+                profile(fn)
 
 
 if __name__ == "__main__":

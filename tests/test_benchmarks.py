@@ -220,4 +220,4 @@ def test_launch_overhead_needs_a_gpu():
     if ON_GPU:
         pytest.skip("checks the CPU-only error")
     with pytest.raises(SystemExit, match="machine with a CUDA GPU"):
-        launch_overhead.main()
+        launch_overhead.main([])
