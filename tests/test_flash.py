@@ -202,10 +202,9 @@ def test_qkvpacked_bad_shape_raises(shape):
         attention_qkvpacked(torch.randn(shape, device=DEVICE))
 
 
-def _backward_ops(attention_name):
+def _recorded_ops(fn):
+    """Names of the ops dispatched while ``fn()`` runs (e.g. 'aten.stack', 'vit_flash.fwd')."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from vit.model import Attention
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -213,22 +212,55 @@ def _backward_ops(attention_name):
             return func(*args, **(kwargs or {}))
 
     ops = []
-    layer = Attention(64, 2, attention_name).to(DEVICE)
-    y = layer(torch.randn(2, 17, 64, device=DEVICE, requires_grad=True))
     with Record():
-        y.backward(torch.randn_like(y))
+        fn()
     return ops
 
 
-def test_vit_attention_backward_copies_nothing():
+def _backward_ops(attention_name, monkeypatch):
+    """Ops of one ViT attention layer's backward. Flash's kernel launches are stubbed out: under the
+    interpreter a kernel's stores show up as aten.copy_, which on a GPU are writes inside the kernel."""
+    from kernels.flash import op
+    from vit.model import Attention
+
+    layer = Attention(64, 2, attention_name).to(DEVICE)
+    y = layer(torch.randn(2, 17, 64, device=DEVICE, requires_grad=True))
+    for name in ("launch_preprocess", "launch_dkdv", "launch_dq"):
+        monkeypatch.setattr(op, name, lambda *args: None)
+    return _recorded_ops(lambda: y.backward(torch.randn_like(y)))
+
+
+def test_vit_attention_backward_copies_nothing(monkeypatch):
     """In the ViT's attention layer the flash backward hands the qkv projection its gradient as is:
     no stack of three gradients, no contiguous copy, no zeros for lse's gradient (naive, for
     contrast, stacks and clones)."""
     copies = {"aten.stack", "aten.cat", "aten.clone", "aten.copy_", "aten.zeros"}
-    assert copies & set(_backward_ops("naive")), "the op recorder missed naive's stack/clone"
-    ops = _backward_ops("flash")
-    assert "vit_flash.bwd_qkvpacked" in ops
+    assert copies & set(_backward_ops("naive", monkeypatch)), "the op recorder missed naive's stack/clone"
+    ops = _backward_ops("flash", monkeypatch)
     assert not copies & set(ops), f"flash backward copies: {sorted(copies & set(ops))}"
+
+
+def test_eager_calls_bypass_the_op_dispatch_and_equal_the_ops_bitwise():
+    """Eager calls run the ops' kernels through an autograd.Function, not torch.library's dispatch
+    (its per-call CPU cost exceeded the kernels' time at ViT sizes on the H200); same numbers, bitwise."""
+    from kernels.flash import bwd, bwd_qkvpacked, fwd_qkvpacked
+
+    q, k, v = make_qkv(2, 3, 37, 32, device=DEVICE)
+    do = torch.randn_like(q)
+    scale = 32 ** -0.5
+    ops = _recorded_ops(lambda: forward_backward(attention, q, k, v, do))
+    assert ops and not [op for op in ops if op.startswith("vit_flash.")], ops
+    out, dq, dk, dv = forward_backward(attention, q, k, v, do)
+    want_out, lse = fwd(q, k, v, scale)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv),
+                          (want_out, *bwd(do, q, k, v, want_out, lse, scale))):
+        assert torch.equal(a, b), name
+    qkv = pack_qkv(q, k, v).detach().requires_grad_(True)
+    out = attention_qkvpacked(qkv)
+    out.backward(do)
+    want_out, lse = fwd_qkvpacked(qkv.detach(), scale)
+    assert torch.equal(out, want_out)
+    assert torch.equal(qkv.grad, bwd_qkvpacked(do, qkv.detach(), want_out, lse, scale))
 
 
 @pytest.mark.parametrize("args, error, match", [

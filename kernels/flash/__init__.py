@@ -2,7 +2,8 @@
 
 Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning", Algorithms 1 and 2; kernels in :mod:`kernels.flash.kernels`, autotune lists in
-:mod:`kernels.flash.configs`, ``torch.library`` ops and autograd in :mod:`kernels.flash.op`.
+:mod:`kernels.flash.configs`, ``torch.library`` ops (what ``torch.compile`` traces) and the eager
+``autograd.Function`` in :mod:`kernels.flash.op`.
 
 Contract: see :mod:`kernels`. This backend's limits:
 
@@ -24,7 +25,7 @@ import torch
 
 from .. import split_qkv
 from . import configs
-from .op import bwd, bwd_qkvpacked, fwd, fwd_qkvpacked
+from .op import EagerAttention, EagerAttentionQKVPacked, bwd, bwd_qkvpacked, fwd, fwd_qkvpacked
 
 __all__ = ["attention", "attention_qkvpacked", "bwd", "bwd_qkvpacked", "fwd", "fwd_qkvpacked"]
 
@@ -88,8 +89,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set.
     """
     softmax_scale = _check(q, k, v, softmax_scale)
-    out, _ = fwd(q, k, v, softmax_scale)
-    return out  # (B, H, N, d)
+    if torch.compiler.is_compiling():
+        return fwd(q, k, v, softmax_scale)[0]  # the torch.library op, which compile traces
+    return EagerAttention.apply(q, k, v, softmax_scale)  # (B, H, N, d); same kernels, less CPU per call
 
 
 def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
@@ -116,5 +118,6 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
-    out, _ = fwd_qkvpacked(qkv, softmax_scale)
-    return out  # (B, H, N, d)
+    if torch.compiler.is_compiling():
+        return fwd_qkvpacked(qkv, softmax_scale)[0]
+    return EagerAttentionQKVPacked.apply(qkv, softmax_scale)  # (B, H, N, d)

@@ -11,11 +11,13 @@ the kernels itself. ``bwd_qkvpacked`` is an opaque ``custom_op`` (why: at its re
 calls it as one extern kernel, also with no graph break. Under ``TRITON_INTERPRET=1`` all four are
 opaque ``custom_op``s with fake implementations (compile still has no graph break; the op runs
 eagerly inside the graph). Autograd is registered on the forward ops and saves ``q, k, v`` (or
-``qkv``), ``out`` and ``lse`` only. Inputs are assumed valid here; the checks live in
-:mod:`kernels.flash`.
+``qkv``), ``out`` and ``lse`` only. Eager calls skip the ops: :class:`EagerAttention` and
+:class:`EagerAttentionQKVPacked` run the same kernels under a ``torch.autograd.Function`` (why: at
+their definition). Inputs are assumed valid here; the checks live in :mod:`kernels.flash`.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 
@@ -29,6 +31,16 @@ from .kernels import LOG2E, flash_bwd_preprocess_kernel
 
 _ANNOUNCED: set = set()
 _DIRECT = contextvars.ContextVar("vit_flash_direct_launch", default=False)
+
+
+@contextlib.contextmanager
+def _direct():
+    """Inside: :func:`_traceable` hands back raw kernels (no trace can be watching)."""
+    token = _DIRECT.set(True)
+    try:
+        yield
+    finally:
+        _DIRECT.reset(token)
 
 
 def _traceable(kernel):
@@ -172,11 +184,8 @@ def _register(name, fn, fake, opaque=False):
     An opaque op launches its kernels directly, as a ``triton_op`` does when it runs eagerly."""
     if configs.INTERPRETED or opaque:
         def direct(*args):
-            token = _DIRECT.set(True)
-            try:
+            with _direct():
                 return fn(*args)
-            finally:
-                _DIRECT.reset(token)
 
         op = torch.library.custom_op(name, direct, mutates_args=(),
                                      schema=torch.library.infer_schema(fn, mutates_args=()))
@@ -222,3 +231,51 @@ fwd = torch.ops.vit_flash.fwd
 bwd = torch.ops.vit_flash.bwd
 fwd_qkvpacked = torch.ops.vit_flash.fwd_qkvpacked
 bwd_qkvpacked = torch.ops.vit_flash.bwd_qkvpacked
+
+
+class EagerAttention(torch.autograd.Function):
+    """``fwd`` and ``bwd``'s kernels for eager calls, with autograd outside ``torch.library``'s dispatch.
+
+    The op path costs CPU time per call that a small-N kernel cannot hide. H200 host, torch 2.11:
+    ``torch/_library/custom_ops.py`` ``backend_impl`` alone took 0.19 ms per forward-op call and
+    0.43 ms per backward-op call, and an autograd forward+backward through the ops took 1.0-1.25 ms
+    of CPU at (256, 12, 197, 64), where the kernels need 0.68 ms of GPU
+    (benchmarks/results/launch_overhead_profile_h200.log). ``torch.compile`` still traces the ops.
+    ``apply(q, k, v, softmax_scale) -> out``, shapes as ``fwd``; bitwise equal to the op path.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale):
+        with _direct():
+            out, lse = _fwd(q, k, v, softmax_scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale = softmax_scale
+        return out  # (B, H, N, d)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, out, lse = ctx.saved_tensors
+        with _direct():
+            dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale)
+        return dq, dk, dv, None
+
+
+class EagerAttentionQKVPacked(torch.autograd.Function):
+    """:class:`EagerAttention` for a packed ``(B, N, 3, H, d)`` qkv: ``fwd_qkvpacked`` and
+    ``bwd_qkvpacked``'s kernels. ``apply(qkv, softmax_scale) -> out`` (B, H, N, d)."""
+
+    @staticmethod
+    def forward(ctx, qkv, softmax_scale):
+        with _direct():
+            out, lse = _fwd_qkvpacked(qkv, softmax_scale)
+        ctx.save_for_backward(qkv, out, lse)
+        ctx.softmax_scale = softmax_scale
+        return out  # (B, H, N, d)
+
+    @staticmethod
+    def backward(ctx, do):
+        qkv, out, lse = ctx.saved_tensors
+        with _direct():
+            dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale)
+        return dqkv, None  # (B, N, 3, H, d)
+
