@@ -217,17 +217,21 @@ def _recorded_ops(fn):
     return ops
 
 
+LAUNCHES = ("launch_preprocess", "launch_dkdv", "launch_dq")  # the flash backward's kernel launchers
+
+
 def _backward_ops(attention_name, monkeypatch):
-    """Ops of one ViT attention layer's backward. Flash's kernel launches are stubbed out: under the
-    interpreter a kernel's stores show up as aten.copy_, which on a GPU are writes inside the kernel."""
+    """Ops of one ViT attention layer's backward, then the flash launchers it called. Those are stubbed
+    out: under the interpreter a kernel's stores show up as aten.copy_, on a GPU writes inside the kernel."""
     from kernels.flash import op
     from vit.model import Attention
 
     layer = Attention(64, 2, attention_name).to(DEVICE)
     y = layer(torch.randn(2, 17, 64, device=DEVICE, requires_grad=True))
-    for name in ("launch_preprocess", "launch_dkdv", "launch_dq"):
-        monkeypatch.setattr(op, name, lambda *args: None)
-    return _recorded_ops(lambda: y.backward(torch.randn_like(y)))
+    launched = []
+    for name in LAUNCHES:
+        monkeypatch.setattr(op, name, lambda *args, name=name: launched.append(name))
+    return _recorded_ops(lambda: y.backward(torch.randn_like(y))) + launched
 
 
 def test_vit_attention_backward_copies_nothing(monkeypatch):
@@ -237,19 +241,29 @@ def test_vit_attention_backward_copies_nothing(monkeypatch):
     copies = {"aten.stack", "aten.cat", "aten.clone", "aten.copy_", "aten.zeros"}
     assert copies & set(_backward_ops("naive", monkeypatch)), "the op recorder missed naive's stack/clone"
     ops = _backward_ops("flash", monkeypatch)
+    assert set(LAUNCHES) <= set(ops), "flash's backward kernels did not run"
     assert not copies & set(ops), f"flash backward copies: {sorted(copies & set(ops))}"
 
 
-def test_eager_calls_bypass_the_op_dispatch_and_equal_the_ops_bitwise():
+def test_eager_calls_bypass_the_op_dispatch_and_equal_the_ops_bitwise(monkeypatch):
     """Eager calls run the ops' kernels through an autograd.Function, not torch.library's dispatch
     (its per-call CPU cost exceeded the kernels' time at ViT sizes on the H200); same numbers, bitwise."""
-    from kernels.flash import bwd, bwd_qkvpacked, fwd_qkvpacked
+    from kernels.flash import bwd, bwd_qkvpacked, fwd_qkvpacked, op
 
     q, k, v = make_qkv(2, 3, 37, 32, device=DEVICE)
     do = torch.randn_like(q)
     scale = 32 ** -0.5
-    ops = _recorded_ops(lambda: forward_backward(attention, q, k, v, do))
-    assert ops and not [op for op in ops if op.startswith("vit_flash.")], ops
+    wrapped = []
+    real = op.wrap_triton
+    monkeypatch.setattr(op, "wrap_triton", lambda kernel: wrapped.append(kernel) or real(kernel))
+    packed = pack_qkv(q, k, v).detach().requires_grad_(True)
+    for call in (lambda: forward_backward(attention, q, k, v, do),
+                 lambda: attention_qkvpacked(packed).backward(do)):
+        ops = _recorded_ops(call)
+        assert ops and not [name for name in ops if name.startswith("vit_flash.")], ops
+    assert wrapped == [], "eager calls launched through wrap_triton's dispatch"
+    op._fwd(q, k, v, scale)
+    assert wrapped, "the wrap_triton recorder missed a launch outside the eager path"
     out, dq, dk, dv = forward_backward(attention, q, k, v, do)
     want_out, lse = fwd(q, k, v, scale)
     for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv),
@@ -261,6 +275,22 @@ def test_eager_calls_bypass_the_op_dispatch_and_equal_the_ops_bitwise():
     want_out, lse = fwd_qkvpacked(qkv.detach(), scale)
     assert torch.equal(out, want_out)
     assert torch.equal(qkv.grad, bwd_qkvpacked(do, qkv.detach(), want_out, lse, scale))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_second_derivative_raises(packed):
+    """The backward kernels are not differentiable themselves: create_graph=True through them must
+    fail when the second derivative is taken, not return one that treats the gradient as constant."""
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(1, 2, 17, 32, device=DEVICE))
+    if packed:
+        inputs = (pack_qkv(q, k, v).detach().requires_grad_(True),)
+        out = attention_qkvpacked(*inputs)
+    else:
+        inputs = (q, k, v)
+        out = attention(*inputs)
+    grads = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.square().sum() for g in grads).backward()
 
 
 @pytest.mark.parametrize("args, error, match", [

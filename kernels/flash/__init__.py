@@ -72,6 +72,12 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, nam
     return softmax_scale
 
 
+def _tracing() -> bool:
+    """torch.compile / export or torch.jit.trace is recording: call the ``torch.library`` ops, which they see.
+    (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call the ops ``fwd``/``fwd_qkvpacked``.)"""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
     """FlashAttention-2 ``softmax(q kᵀ · softmax_scale) v``; contract in :mod:`kernels`.
 
@@ -86,10 +92,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         TypeError: a non-tensor, an unsupported dtype, or mixed dtypes.
         ValueError: shapes differ or are not 4-D, head_dim outside 16-256, B·H > 65535,
             a non-positive softmax_scale, or tensors on different devices.
-        RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set.
+        RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set; at backward
+            time, a second derivative (``create_graph=True`` through the gradient): not implemented.
     """
     softmax_scale = _check(q, k, v, softmax_scale)
-    if torch.compiler.is_compiling():
+    if _tracing():
         return fwd(q, k, v, softmax_scale)[0]  # the torch.library op, which compile traces
     return EagerAttention.apply(q, k, v, softmax_scale)  # (B, H, N, d); same kernels, less CPU per call
 
@@ -118,6 +125,6 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
-    if torch.compiler.is_compiling():
+    if _tracing():
         return fwd_qkvpacked(qkv, softmax_scale)[0]
     return EagerAttentionQKVPacked.apply(qkv, softmax_scale)  # (B, H, N, d)

@@ -23,6 +23,7 @@ import sys
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
 
 from .. import split_qkv
@@ -253,6 +254,7 @@ class EagerAttention(torch.autograd.Function):
         return out  # (B, H, N, d)
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
         with _direct():
@@ -273,6 +275,7 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
         return out  # (B, H, N, d)
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
         qkv, out, lse = ctx.saved_tensors
         with _direct():
