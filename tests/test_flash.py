@@ -177,15 +177,23 @@ def test_qkvpacked_compile_fullgraph():
     assert torch.equal(out, want_out) and torch.equal(dqkv, want_dqkv)
 
 
+def _record_wrap_triton(monkeypatch) -> list:
+    """The kernels that kernels.flash.op hands to ``wrap_triton`` from now on (it still wraps them)."""
+    from kernels.flash import op
+
+    wrapped = []
+    real = op.wrap_triton
+    monkeypatch.setattr(op, "wrap_triton", lambda kernel: wrapped.append(kernel) or real(kernel))
+    return wrapped
+
+
 def test_opaque_packed_backward_launches_kernels_directly(monkeypatch):
     """The opaque packed backward launches its kernels as a triton_op does when it runs eagerly, not
     through ``wrap_triton``, whose eager launches outside a triton_op go through a higher-order-op
     dispatch (~1.8 ms of CPU per backward on the H200). Its unwrapped body, for contrast, does use it."""
     from kernels.flash import op
 
-    wrapped = []
-    real = op.wrap_triton
-    monkeypatch.setattr(op, "wrap_triton", lambda kernel: wrapped.append(kernel) or real(kernel))
+    wrapped = _record_wrap_triton(monkeypatch)
     qkv = torch.randn(1, 40, 3, 2, 32, device=DEVICE)
     out, lse = op.fwd_qkvpacked(qkv, 32 ** -0.5)
     do = torch.randn_like(out)
@@ -253,9 +261,7 @@ def test_eager_calls_bypass_the_op_dispatch_and_equal_the_ops_bitwise(monkeypatc
     q, k, v = make_qkv(2, 3, 37, 32, device=DEVICE)
     do = torch.randn_like(q)
     scale = 32 ** -0.5
-    wrapped = []
-    real = op.wrap_triton
-    monkeypatch.setattr(op, "wrap_triton", lambda kernel: wrapped.append(kernel) or real(kernel))
+    wrapped = _record_wrap_triton(monkeypatch)
     packed = pack_qkv(q, k, v).detach().requires_grad_(True)
     for call in (lambda: forward_backward(attention, q, k, v, do),
                  lambda: attention_qkvpacked(packed).backward(do)):
