@@ -277,6 +277,30 @@ def test_nonfinite_loss_policy(policy):
         assert torch.isfinite(model.head.weight).all()
 
 
+def test_overflowing_grad_norm_is_named_not_the_finite_loss():
+    """Gradients of ~1e28 are finite but their squared norm overflows float32: the message says the grad
+    norm is inf and that the loss (finite) is not the cause."""
+    from timm.scheduler import CosineLRScheduler
+
+    from vit.engine import NonFiniteLossError, TrainState, train_epoch
+    from vit.model import create_model
+
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=3)
+    model.head.weight.register_hook(lambda g: g * 1e30)
+    loader = [(torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0]))]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(NonFiniteLossError) as info:
+        train_epoch(model, loader, optimizer, CosineLRScheduler(optimizer, t_initial=1, t_in_epochs=False),
+                    TrainState(), device=torch.device("cpu"), amp_dtype=None, grad_accum=1, clip_grad=1.0,
+                    label_smoothing=0.0, steps_per_epoch=1, world_size=1, log_every=10, nonfinite_policy="stop",
+                    max_nonfinite_skips=0, logger=_Logger(), backend="naive", seq_len=5, progress=False)
+    message = str(info.value)
+    assert message.startswith("non-finite grad norm inf (the loss, ") and "is finite) at step 1 " in message
+    loss = float(message.split("the loss, ")[1].split(",")[0])
+    assert math.isfinite(loss) and 0 < loss < 10
+
+
 def test_init_from_resizes_pos_embed_for_another_image_size(run_a, digits_root, tmp_path, capsys):
     """Fine-tuning the 32 px checkpoint at 48 px: weights load with the 8×8 position grid resampled to 12×12."""
     # lr ~ 0, so the weights after the epoch are the ones init_from loaded

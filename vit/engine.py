@@ -56,6 +56,14 @@ def oom_message(backend: str, seq_len: int, micro_batch: int, world_size: int, g
               "(or grad_accum > 1 at the same batch_size)")
 
 
+def nonfinite_what(loss: float, grad_norm: float) -> str:
+    """Which of the step's loss and gradient norm is non-finite, with both values, e.g.
+    ``non-finite grad norm inf (the loss, 1.48e+08, is finite)``."""
+    if not math.isfinite(loss):
+        return f"non-finite loss {loss} (grad norm {grad_norm})"
+    return f"non-finite grad norm {grad_norm} (the loss, {loss:.6g}, is finite)"
+
+
 def autocast(device: torch.device, amp_dtype: torch.dtype | None):
     """bf16/fp16 autocast context on CUDA when ``amp_dtype`` is set, else a no-op."""
     if amp_dtype is None:
@@ -153,7 +161,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             grad_norm = grad_norm.full_tensor()
         if not bool(torch.isfinite(loss_sum) & torch.isfinite(grad_norm)):  # one host sync per step
             state.nonfinite_skips += 1
-            where = (f"non-finite loss {loss_sum.item()} / grad norm {grad_norm.item()} at step {state.step + 1} "
+            where = (f"{nonfinite_what(loss_sum.item(), grad_norm.item())} at step {state.step + 1} "
                      f"(epoch {state.epoch + 1}, step {state.step_in_epoch + 1} of the epoch)")
             if nonfinite_policy == "stop" or state.nonfinite_skips > max_nonfinite_skips:
                 raise NonFiniteLossError(f"{where}; stopping (nonfinite.policy={nonfinite_policy}, "
