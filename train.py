@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import hydra
@@ -27,10 +28,12 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from vit.build import (
+    ConfigWarning,
     build_model,
     build_optimizer,
     build_scheduler,
     check_train_config,
+    config_warnings,
     effective_lr,
     model_args,
     resolve_amp,
@@ -103,6 +106,22 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     return changes
 
 
+def seed_all(seed: int) -> None:
+    """Seed torch, python and numpy."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def micro_batch_size(cfg: DictConfig, world_size: int) -> int:
+    """Images per process and forward pass: ``batch_size / (grad_accum × world_size)`` (ValueError if not whole)."""
+    micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
+    if micro_batch * cfg.grad_accum * world_size != cfg.batch_size:
+        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by grad_accum × world size "
+                         f"= {cfg.grad_accum * world_size}")
+    return micro_batch
+
+
 def steady_images_per_s(epoch_step_ends: list[list[float]], batch_size: int, skip: int) -> tuple[float | None, int]:
     """(images/s, steps timed) over the optimizer steps after the run's first ``skip`` (compilation,
     autotuning, allocator warm-up), from each epoch's start and step-end times (perf_counter seconds);
@@ -127,7 +146,7 @@ def train(cfg: DictConfig) -> dict:
         FileNotFoundError: dataset folder or checkpoint not found.
         RuntimeError: unavailable attention backend; incompatible checkpoint; too many undecodable images.
         vit.engine.NonFiniteLossError: non-finite loss under ``nonfinite.policy``.
-        vit.engine.TrainingOutOfMemoryError: the GPU ran out of memory in a training step.
+        vit.engine.TrainingOutOfMemoryError: the GPU or CPU ran out of memory in a training step.
     """
     check_train_config(cfg)
     dist = init_distributed(resolve_device(cfg.device))
@@ -150,15 +169,10 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
             with contextlib.suppress(OSError):  # this rank's Hydra run dir, empty (see __main__)
                 own_dir.rmdir()
     ckpt_dir = out_dir / "checkpoints"
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
+    seed_all(cfg.seed)
     amp_dtype = resolve_amp(cfg.amp, device)
     backend = resolve_backend(cfg.attention.name, device, amp_dtype)
-    micro_batch = cfg.batch_size // (cfg.grad_accum * world_size)
-    if micro_batch * cfg.grad_accum * world_size != cfg.batch_size:
-        raise ValueError(f"batch_size={cfg.batch_size} is not divisible by grad_accum × world size "
-                         f"= {cfg.grad_accum * world_size}")
+    micro_batch = micro_batch_size(cfg, world_size)
     data = build_data(cfg.data, micro_batch, cfg.eval_batch_size, device, cfg.seed, world_size, rank)
     per_rank = data.sampler.per_rank() if data.sampler is not None else len(data.train_loader) * micro_batch
     steps_per_epoch = per_rank // micro_batch // cfg.grad_accum
@@ -167,6 +181,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
                          f"images); lower batch_size")
 
     margs = model_args(cfg, len(data.classes))
+    for message in config_warnings(cfg, margs, backend, micro_batch):
+        warnings.warn(message, ConfigWarning, stacklevel=1)
     model = build_model(margs, backend).to(device)  # the same initial weights on every rank (same seed)
     state = TrainState()
     if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer

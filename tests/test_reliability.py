@@ -16,6 +16,7 @@ import hashlib
 import os
 import pickle
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,59 @@ def test_resolve_backend_checks_device_and_dtype(monkeypatch):
     with pytest.raises(RuntimeError, match=r"attention=flash runs on a CUDA GPU but this run's device is cpu.*"
                                            r"TRITON_INTERPRET=1"):
         resolve_backend("flash", cpu, None)
+
+# ---- runs that start but would not go as meant ------------------------------------------------
+
+def test_too_many_tokens_warns_at_start_up_and_cpu_out_of_memory_gets_the_clear_message(monkeypatch, tmp_path):
+    """model=debug (patch 4) at 224 px: N = 3137. The warning comes before the first forward; a forward that asks
+    the CPU allocator for more than the machine has gives the out-of-memory message GPUs get, naming N."""
+    from vit.build import ConfigWarning
+    from vit.engine import TrainingOutOfMemoryError
+    from vit.model import VisionTransformer
+
+    seen_before_forward = []
+
+    def forward(self, x):
+        seen_before_forward.extend(str(w.message) for w in caught)
+        return torch.empty(1 << 60, dtype=torch.uint8)  # 1 EiB: the CPU allocator's real error
+
+    monkeypatch.setattr(VisionTransformer, "forward", forward)
+    cfg = compose_cfg("train", [*SYNTHETIC, "data.img_size=224", "batch_size=4", f"out_dir={tmp_path}",
+                                "logger=none"])
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(TrainingOutOfMemoryError) as error:
+        warnings.simplefilter("always", ConfigWarning)
+        train(cfg)
+    [token_warning] = [m for m in seen_before_forward if "tokens per image" in m]
+    assert ("model=debug (patch_size 4) at data.img_size=224 gives N=3137 tokens per image" in token_warning
+            and "use model=tiny, model=small or model=base (patch 16: N=197)" in token_warning)
+    message = str(error.value)
+    assert message.startswith("out of memory in a training step on cpu: attention=naive, N=3137 tokens, micro-batch 4")
+    assert "DefaultCPUAllocator: can't allocate memory" in str(error.value.__cause__)
+
+
+def test_token_warning_spares_patch_16_with_linear_memory_attention():
+    from vit.build import token_count_warning
+
+    vit_b_1024 = {"size": "base", "img_size": 1024, "patch_size": 16}  # N = 4097, the README's high-res run
+    assert token_count_warning(vit_b_1024, "flash", 16) is None
+    assert "use attention=flash" in token_count_warning(vit_b_1024, "naive", 16)
+    assert token_count_warning({"size": "debug", "img_size": 32, "patch_size": 4}, "naive", 32) is None  # digits
+
+
+@pytest.mark.parametrize("epochs, warns", [(2, True), (3, False)])
+def test_epochs_within_warmup_warn_at_start_up(epochs, warns, tmp_path):
+    from vit.build import ConfigWarning
+
+    cfg = compose_cfg("train", [*SYNTHETIC, f"epochs={epochs}", "schedule.warmup_epochs=2", "data.train_samples=32",
+                                f"out_dir={tmp_path}", "logger=none"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        train(cfg)
+    found = [str(w.message) for w in caught if "warm-up" in str(w.message)]
+    assert found == (["schedule.warmup_epochs=2 is not below epochs=2: the run never leaves warm-up (the learning "
+                      "rate rises linearly from schedule.warmup_lr_init over the whole run, reaches the peak only at "
+                      "its last step and never decays); lower schedule.warmup_epochs or raise epochs"] if warns else [])
+
 
 # ---- weights that do not fit -------------------------------------------------------------------
 

@@ -80,6 +80,44 @@ def check_model_config(cfg) -> None:
              f"Use attention=sdpa or attention=naive, or another model.size")
 
 
+class ConfigWarning(UserWarning):
+    """A config that runs but probably not as meant (see :func:`config_warnings`)."""
+
+
+QUIET_TOKENS = 1025  # ViT-B/16 at 512 px; beyond it, a patch < 16 or attention=naive draws a warning
+
+
+def token_count_warning(margs: dict, backend: str, micro_batch: int) -> str | None:
+    """Why ``N`` tokens per image may not fit, or None: N > :data:`QUIET_TOKENS` with a patch smaller than
+    16 (a model made for small images, e.g. ``debug``'s patch 4 at 224 px: N = 3137), or with
+    ``attention=naive``, which stores the (B, H, N, N) scores."""
+    size, img, patch = margs["size"], margs["img_size"], margs["patch_size"]
+    n = (img // patch) ** 2 + 1
+    if n <= QUIET_TOKENS or (patch >= 16 and backend != "naive"):
+        return None
+    heads = SIZES[size]["num_heads"]
+    scores_gib = micro_batch * heads * n * n * 4 / 2**30
+    msg = (f"model={size} (patch_size {patch}) at data.img_size={img} gives N={n} tokens per image: attention's "
+           f"float32 N×N scores take {scores_gib:.1f} GiB per layer at micro-batch {micro_batch} with {heads} heads "
+           f"under attention=naive, and time grows as N²")
+    if patch < 16:
+        return msg + (f". For {img} px images use model=tiny, model=small or model=base (patch 16: "
+                      f"N={(img // 16) ** 2 + 1}), or a larger model.patch_size")
+    return msg + "; use attention=flash (memory linear in N), grad_ckpt=true or a smaller batch_size"
+
+
+def config_warnings(cfg, margs: dict, backend: str, micro_batch: int) -> list[str]:
+    """What in a valid config is likely not what was meant: too many tokens per image
+    (:func:`token_count_warning`), or ``epochs`` within ``schedule.warmup_epochs`` (the LR never leaves warm-up)."""
+    out = [w for w in [token_count_warning(margs, backend, micro_batch)] if w]
+    if cfg.schedule.warmup_epochs >= cfg.epochs:
+        out.append(f"schedule.warmup_epochs={cfg.schedule.warmup_epochs} is not below epochs={cfg.epochs}: the run "
+                   f"never leaves warm-up (the learning rate rises linearly from schedule.warmup_lr_init over the "
+                   f"whole run, reaches the peak only at its last step and never decays); lower "
+                   f"schedule.warmup_epochs or raise epochs")
+    return out
+
+
 def resolve_out_dir(cfg, fallback: str = "outputs/%Y-%m-%d/%H-%M-%S") -> Path:
     """``out_dir`` if set (relative to the launch directory), else the Hydra run dir, else (``compose``
     in tests) ``fallback`` formatted with the current time."""

@@ -5,7 +5,7 @@ divided by ``grad_accum`` so the accumulated gradient is the mean over the step'
 gradient norm is clipped (``clip_grad``; 0 = no clipping, the norm is still measured) and checked:
 a non-finite loss or gradient either stops the run or skips the step (``nonfinite.policy``).
 Scale-out hooks: ``reduce`` averages (training) or sums (validation) metric tensors across ranks
-(identity on one process). A CUDA out-of-memory error in a training step becomes
+(identity on one process). An out-of-memory error (CUDA or CPU) in a training step becomes
 :class:`TrainingOutOfMemoryError`, naming the backend, N and the batch and how to fit.
 """
 from __future__ import annotations
@@ -42,12 +42,19 @@ class NonFiniteLossError(RuntimeError):
 
 
 class TrainingOutOfMemoryError(torch.OutOfMemoryError):
-    """A training step ran out of GPU memory; the message says with which backend, N and batch, and what to change."""
+    """A training step ran out of GPU or CPU memory; the message says with which backend, N and batch, and what
+    to change."""
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's RuntimeError ("DefaultCPUAllocator: can't
+    allocate memory")."""
+    return isinstance(error, torch.OutOfMemoryError) or "DefaultCPUAllocator: can't allocate memory" in str(error)
 
 
 def oom_message(backend: str, seq_len: int, micro_batch: int, world_size: int, grad_accum: int, device) -> str:
     """The explanation :class:`TrainingOutOfMemoryError` carries."""
-    return (f"out of GPU memory in a training step on {device}: attention={backend}, N={seq_len} tokens, "
+    return (f"out of memory in a training step on {device}: attention={backend}, N={seq_len} tokens, "
             f"micro-batch {micro_batch} per process (batch_size={micro_batch * world_size * grad_accum} = "
             f"{micro_batch} × {world_size} processes × grad_accum {grad_accum}). "
             + ("attention=naive stores the full (B, H, N, N) score matrix per layer; use attention=flash "
@@ -126,7 +133,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
     Raises:
         NonFiniteLossError: a non-finite loss/gradient with ``nonfinite_policy='stop'``, or more
             than ``max_nonfinite_skips`` skipped steps with ``'skip'``.
-        TrainingOutOfMemoryError: CUDA ran out of memory in the forward or backward (see :func:`oom_message`).
+        TrainingOutOfMemoryError: the device ran out of memory in the forward or backward (see :func:`oom_message`).
     """
     model.train()
     meter = WindowMeter(device, seq_len)
@@ -148,7 +155,9 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
                         logits = model(x)  # (B, num_classes)
                     loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
                     loss.backward()
-            except torch.OutOfMemoryError as e:
+            except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) subclasses it; the CPU allocator raises it
+                if not is_out_of_memory(e):
+                    raise
                 logits = loss = None
                 raise TrainingOutOfMemoryError(
                     oom_message(backend, seq_len, x.shape[0], world_size, grad_accum, device)) from e
