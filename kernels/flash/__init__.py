@@ -9,7 +9,7 @@ Contract: see :mod:`kernels`. This backend's limits:
 
 - dtypes: float16 and bfloat16 (float32 accumulation), float32 (``ieee`` dots, real float32);
 - head_dim 16-256 (non-powers of two such as 80 and 96 are padded inside the kernel);
-- any seq_len ≥ 1; ``B·H`` ≤ 65535 (the launch grid's second axis);
+- any seq_len ≥ 1 and any batch·heads (one flattened grid axis of up to 2³¹−1 programs);
 - a CUDA GPU, or any device under ``TRITON_INTERPRET=1`` (Triton's interpreter, slow: for CI).
   The variable must be set before this package is first imported.
 
@@ -31,7 +31,6 @@ __all__ = ["attention", "attention_qkvpacked", "bwd", "bwd_qkvpacked", "fwd", "f
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
-MAX_BATCH_HEADS = 65535
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, names=("q", "k", "v")) -> float:
@@ -55,9 +54,6 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, nam
                          f"choose embed_dim / num_heads in that range or use attention=sdpa")
     if N < 1:
         raise ValueError(f"flash attention: seq_len must be ≥ 1, got {N}")
-    if B * H > MAX_BATCH_HEADS:
-        raise ValueError(f"flash attention: B·H = {B}·{H} = {B * H} exceeds {MAX_BATCH_HEADS}; "
-                         f"split the batch into chunks")
     if q.device.type != "cuda" and not configs.INTERPRETED:
         raise RuntimeError(
             f"flash attention needs a CUDA GPU but the inputs are on {q.device}"
@@ -90,7 +86,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
 
     Raises:
         TypeError: a non-tensor, an unsupported dtype, or mixed dtypes.
-        ValueError: shapes differ or are not 4-D, head_dim outside 16-256, B·H > 65535,
+        ValueError: shapes differ or are not 4-D, head_dim outside 16-256,
             a non-positive softmax_scale, or tensors on different devices.
         RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set; at backward
             time, a second derivative (``create_graph=True`` through the gradient): not implemented.

@@ -55,6 +55,17 @@ def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.const
         return tl.load(ptrs)
 
 
+@triton.jit
+def _tile_and_head(N, BLOCK: tl.constexpr):
+    """(tile index along N, batch·head index) of this program on the 1-D grid (cdiv(N, BLOCK)·B·H,).
+
+    One axis, tiles fastest: the grid's second axis would cap B·H at 65535, and tiles of one head
+    running side by side share that head's K/V in L2."""
+    n_tiles = tl.cdiv(N, BLOCK)
+    pid = tl.program_id(0)
+    return pid % n_tiles, pid // n_tiles
+
+
 # ---------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------
@@ -93,11 +104,10 @@ def flash_fwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M), B·H). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only."""
+    """Grid (cdiv(N, BLOCK_M)·B·H,). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
-    start_m = tl.program_id(0)
-    off_bh = tl.program_id(1)
+    start_m, off_bh = _tile_and_head(N, BLOCK_M)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     Q_base = Q + off_b * stride_qb + off_h * stride_qh
@@ -143,11 +153,11 @@ def flash_bwd_preprocess_kernel(
     H, N,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M), B·H); Delta is float32 (B, H, N)."""
-    off_bh = tl.program_id(1)
+    """Grid (cdiv(N, BLOCK_M)·B·H,); Delta is float32 (B, H, N)."""
+    start_m, off_bh = _tile_and_head(N, BLOCK_M)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     mask = (offs_m[:, None] < N) & (offs_d[None, :] < HEAD_DIM)
     o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
@@ -200,10 +210,10 @@ def flash_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_N1), B·H). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
+    """Grid (cdiv(N, BLOCK_N1)·B·H,). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
-    off_bh = tl.program_id(1)
+    start_n, off_bh = _tile_and_head(N, BLOCK_N1)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     Q_base = Q + off_b * stride_qb + off_h * stride_qh
@@ -211,7 +221,7 @@ def flash_bwd_dkdv_kernel(
     Lse_base = Lse + off_bh.to(tl.int64) * N
     Delta_base = Delta + off_bh.to(tl.int64) * N
 
-    offs_n = tl.program_id(0) * BLOCK_N1 + tl.arange(0, BLOCK_N1)
+    offs_n = start_n * BLOCK_N1 + tl.arange(0, BLOCK_N1)
     offs_m = tl.arange(0, BLOCK_M1)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     row_mask = offs_n[:, None] < N
@@ -277,16 +287,16 @@ def flash_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M2), B·H). dQ = scale · Σ dS K."""
+    """Grid (cdiv(N, BLOCK_M2)·B·H,). dQ = scale · Σ dS K."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
-    off_bh = tl.program_id(1)
+    start_m, off_bh = _tile_and_head(N, BLOCK_M2)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     K_base = K + off_b * stride_kb + off_h * stride_kh
     V_base = V + off_b * stride_vb + off_h * stride_vh
 
-    offs_m = tl.program_id(0) * BLOCK_M2 + tl.arange(0, BLOCK_M2)
+    offs_m = start_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
     offs_n = tl.arange(0, BLOCK_N2)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     row_mask = offs_m[:, None] < N

@@ -25,10 +25,12 @@ import torch
 import triton
 from torch.autograd.function import once_differentiable
 from torch.library import triton_op, wrap_triton
+from triton.runtime.autotuner import Autotuner
 
 from .. import split_qkv
 from . import configs
 from .kernels import LOG2E, flash_bwd_preprocess_kernel
+from .launch import Launcher
 
 _ANNOUNCED: set = set()
 _DIRECT = contextvars.ContextVar("vit_flash_direct_launch", default=False)
@@ -52,10 +54,8 @@ def _traceable(kernel):
     return kernel if _DIRECT.get() else wrap_triton(kernel)
 
 
-def _launch(tuner, grid, what, q, *args, **meta):
-    """Launch an autotuned kernel; print the tuning time the first time a key is tuned (eager only)."""
-    tuned_before = len(tuner.cache)
-    _traceable(tuner)[grid](*args, **meta)
+def _announce(tuner, what, q, tuned_before: int) -> None:
+    """Print the tuning time the first time a key is tuned (eager only)."""
     if torch.compiler.is_compiling() or len(tuner.cache) == tuned_before:
         return
     key = (what, q.shape[-1], q.dtype, configs.n_bucket(q.shape[-2]))
@@ -65,6 +65,41 @@ def _launch(tuner, grid, what, q, *args, **meta):
               f"{getattr(tuner, 'bench_time', float('nan')):.2f} s: {tuner.best_config}", file=sys.stderr, flush=True)
 
 
+def _tiles_grid(block: str):
+    """``grid((B·H, N), meta)``: one program per (tile of ``meta[block]`` rows, batch·head), 1-D."""
+    def grid(extent, meta):
+        bh, n = extent
+        return (triton.cdiv(n, meta[block]) * bh,)
+    return grid
+
+
+_LAUNCHERS: dict = {}
+
+
+def _launcher(kernel, block: str) -> Launcher:
+    if kernel not in _LAUNCHERS:
+        _LAUNCHERS[kernel] = Launcher(kernel, _tiles_grid(block))
+    return _LAUNCHERS[kernel]
+
+
+def _launch(kernel, block, what, q, args, meta):
+    """Launch ``kernel`` (autotuned or plain) over (B·H, N) tiles of ``meta[block]`` rows.
+
+    Traced (make_fx, Inductor): through ``wrap_triton``. Direct (eager Functions, opaque ops, the
+    interpreter): Triton's own launch the first time a signature is seen, then :class:`Launcher`'s
+    cached direct path."""
+    B, H, N = q.shape[:3]
+    tuned = isinstance(kernel, Autotuner)
+    tuned_before = len(kernel.cache) if tuned else 0
+    if _DIRECT.get() and not configs.INTERPRETED:
+        _launcher(kernel, block)((B * H, N), args, meta)
+    else:
+        grid = _tiles_grid(block)
+        _traceable(kernel)[lambda m: grid((B * H, N), m)](*args, **meta)
+    if tuned:
+        _announce(kernel, what, q, tuned_before)
+
+
 def _meta(q):
     d = q.shape[-1]
     return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
@@ -72,47 +107,33 @@ def _meta(q):
 
 def launch_fwd(tuner, q, k, v, out, lse, softmax_scale):
     """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse."""
-    B, H, N = q.shape[:3]
-
-    def grid(META):
-        return (triton.cdiv(N, META["BLOCK_M"]), B * H)
-
-    _launch(tuner, grid, "fwd", q,
-            q, k, v, out, lse, softmax_scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            H, N, configs.n_bucket(N), **_meta(q))
+    N = q.shape[2]
+    _launch(tuner, "BLOCK_M", "fwd", q,
+            (q, k, v, out, lse, softmax_scale * LOG2E,
+             *q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)), _meta(q))
 
 
 def launch_preprocess(out, do, delta):
-    B, H, N, d = out.shape
-    block = configs.PREPROCESS_BLOCK_M
-    _traceable(flash_bwd_preprocess_kernel)[(triton.cdiv(N, block), B * H)](
-        out, do, delta, *out.stride(), *do.stride(), H, N,
-        HEAD_DIM=d, HEAD_DIM_PADDED=configs.head_dim_padded(d), BLOCK_M=block)
+    d = out.shape[-1]
+    _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out,
+            (out, do, delta, *out.stride(), *do.stride(), out.shape[1], out.shape[2]),
+            {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "BLOCK_M": configs.PREPROCESS_BLOCK_M})
 
 
 def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale):
-    B, H, N = q.shape[:3]
-
-    def grid(META):
-        return (triton.cdiv(N, META["BLOCK_N1"]), B * H)
-
-    _launch(tuner, grid, "bwd dk/dv", q,
-            q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            H, N, configs.n_bucket(N), **_meta(q))
+    N = q.shape[2]
+    _launch(tuner, "BLOCK_N1", "bwd dk/dv", q,
+            (q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
+             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+             q.shape[1], N, configs.n_bucket(N)), _meta(q))
 
 
 def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale):
-    B, H, N = q.shape[:3]
-
-    def grid(META):
-        return (triton.cdiv(N, META["BLOCK_M2"]), B * H)
-
-    _launch(tuner, grid, "bwd dq", q,
-            q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-            H, N, configs.n_bucket(N), **_meta(q))
+    N = q.shape[2]
+    _launch(tuner, "BLOCK_M2", "bwd dq", q,
+            (q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
+             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+             q.shape[1], N, configs.n_bucket(N)), _meta(q))
 
 
 def _empty_out(q: torch.Tensor) -> torch.Tensor:

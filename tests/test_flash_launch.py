@@ -1,0 +1,103 @@
+"""The flash backend's direct eager launches (kernels/flash/launch.py) and its 1-D grid.
+
+CPU: the launcher's cache logic on a stand-in kernel (which signature reuses a compiled kernel,
+what it is called with). GPU: eager calls take the direct path, bitwise equal to Triton's own
+launches, and B·H beyond the old 65535 grid limit.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+from conftest import check_against_reference, forward_backward, make_qkv
+
+from kernels.flash import launch
+
+
+class _Compiled:
+    def __init__(self, calls):
+        self.calls, self.function, self.packed_metadata = calls, "fn", "meta"
+
+    def run(self, *args):
+        self.calls.append(("direct", args))
+
+
+class _Kernel:
+    """Stands in for a ``triton.jit`` function: records Triton-path launches and their grids."""
+    arg_names = ["X", "n", "scale", "BLOCK"]
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.calls.append(("triton", args, meta, grid(dict(zip(self.arg_names, args)) | meta)))
+            return _Compiled(self.calls)
+        return launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(launch, "_device", lambda: 0)
+    monkeypatch.setattr(launch, "_stream", lambda: 7)
+
+
+def test_launcher_reuses_the_compiled_kernel_only_for_the_same_signature(fake_cuda):
+    kernel = _Kernel()
+    launcher = launch.Launcher(kernel, lambda extent, meta: (extent[0] * (extent[1] // meta["BLOCK"]),))
+    x = torch.randn(64)
+    assert launcher((3, 32), (x, 5, 0.5), {"BLOCK": 16}) is False  # first: Triton's own path
+    assert kernel.calls[-1][0] == "triton" and kernel.calls[-1][3] == (6,)
+    assert launcher((3, 32), (x, 5, 0.25), {"BLOCK": 16}) is True  # another float: same kernel
+    kind, args = kernel.calls[-1]
+    assert kind == "direct" and args == (6, 1, 1, 7, "fn", "meta", None, None, None, x, 5, 0.25, 16)
+    assert launcher.direct_calls == 1
+    misses = [((4, 32), (x, 5, 0.5), {"BLOCK": 16}),  # another extent (grid)
+              ((3, 32), (x, 6, 0.5), {"BLOCK": 16}),  # another int (Triton specialises ints)
+              ((3, 32), (x.half(), 5, 0.5), {"BLOCK": 16}),  # another dtype
+              ((3, 32), (x[1:], 5, 0.5), {"BLOCK": 16}),  # an address not 16-byte aligned
+              ((3, 32), (x, 5, 0.5), {"BLOCK": 8})]  # another constexpr
+    for extent, args, meta in misses:
+        assert launcher(extent, args, meta) is False, (extent, args, meta)
+    assert launcher((3, 32), (x[4:], 5, 0.5), {"BLOCK": 16}) is True  # aligned view: same signature
+
+
+def test_launcher_leaves_launch_hooks_to_triton(fake_cuda, monkeypatch):
+    kernel = _Kernel()
+    launcher = launch.Launcher(kernel, lambda extent, meta: (1,))
+    args = (torch.randn(8), 1, 1.0)
+    launcher((1,), args, {"BLOCK": 4})
+    monkeypatch.setattr(launch, "_hooked", lambda: True)
+    assert launcher((1,), args, {"BLOCK": 4}) is False
+    assert kernel.calls[-1][0] == "triton"
+
+
+@pytest.mark.gpu
+def test_gpu_eager_calls_launch_directly_and_equal_triton_launches_bitwise():
+    from kernels.flash import attention, bwd, fwd, op
+
+    q, k, v = make_qkv(2, 3, 197, 64, dtype=torch.bfloat16, device="cuda")
+    do = torch.randn_like(q)
+    forward_backward(attention, q, k, v, do)  # first call of this signature: Triton's path
+    before = {id(l): l.direct_calls for l in op._LAUNCHERS.values()}
+    out, dq, dk, dv = forward_backward(attention, q, k, v, do)
+    direct = [l for l in op._LAUNCHERS.values() if l.direct_calls > before.get(id(l), 0)]
+    assert len(direct) == 4, "fwd, preprocess, dk/dv and dq should all have launched directly"
+    want_out, lse = fwd(q, k, v, 64 ** -0.5)  # the triton_op: Triton's own launch path
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv),
+                          (want_out, *bwd(do, q, k, v, want_out, lse, 64 ** -0.5))):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+def test_gpu_batch_heads_beyond_65535():
+    """B·H = 65544 > 65535, the old grid's second-axis limit (an eval batch of 8192 ViT-B images is 98304)."""
+    from kernels.flash import attention
+
+    q, k, v = make_qkv(5462, 12, 17, 32, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v)
