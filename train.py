@@ -55,7 +55,8 @@ from vit.checkpoint import (
 from vit.data import build_data
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
-from vit.logger import RunLogger, environment, scrub_secrets
+from vit.logger import RunLogger, append_summary_csv, environment, scrub_secrets, trim_summary_csv
+from vit.recipe import build_recipe
 from vit.wrap import (
     apply_compile,
     apply_distributed,
@@ -120,6 +121,11 @@ def micro_batch_size(cfg: DictConfig, world_size: int) -> int:
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by grad_accum × world size "
                          f"= {cfg.grad_accum * world_size}")
     return micro_batch
+
+
+def prefixed(prefix: str, metrics: dict) -> dict:
+    """``metrics`` under ``prefix`` + key, without the image count (``val/top1``, ``val_ema_loss``, ...)."""
+    return {f"{prefix}{k}": v for k, v in metrics.items() if k != "images"}
 
 
 def steady_images_per_s(epoch_step_ends: list[list[float]], batch_size: int, skip: int) -> tuple[float | None, int]:
@@ -203,6 +209,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         restore_rng_state(ckpt["rng"])
         print(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
               f"{f' (mid-epoch, step {state.step_in_epoch} of {steps_per_epoch})' if state.step_in_epoch else ''}")
+    recipe = build_recipe(cfg, model, len(data.classes), strategy, device, micro_batch,  # mixup, loss, EMA
+                          checkpoint=resume[1] if resume else None)
     if rank > 0:  # own dropout / drop-path streams per rank (rank 0 keeps the one-process run's)
         torch.manual_seed(cfg.seed + rank + 1000 * state.step)
     model = apply_grad_ckpt(model, cfg)
@@ -221,6 +229,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     env = environment(backend, device)
     logger = RunLogger(cfg.logger, out_dir, {**cfg_dict, "env": env, "out_dir": str(out_dir),
                                              "resumed_from": str(resume[0]) if resume else None}, rank)
+    if rank == 0:  # one row per finished epoch: a resumed run rewrites those past its checkpoint
+        trim_summary_csv(out_dir / "summary.csv", state.epoch)
     logger.print(f"[run] {out_dir} | model {margs['size']} (patch {margs['patch_size']}, img {margs['img_size']}, "
                  f"N={unwrap(model).seq_len}) | attention {backend} | device {device} | "
                  f"{steps_per_epoch} steps/epoch × {cfg.epochs} epochs, batch {cfg.batch_size} "
@@ -230,11 +240,11 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
 
     def payload(with_optimizer: bool = True) -> dict | None:
         """The checkpoint's content on rank 0 (None elsewhere); a collective under FSDP (all ranks call it)."""
-        weights = model_state_dict(model)
+        weights, ema = model_state_dict(model), recipe.ema_state_dict()
         optim_state = optimizer_state_dict(model, optimizer) if with_optimizer else None
         if rank != 0:
             return None
-        out = {"model": weights, **state.state_dict(),
+        out = {"model": weights, **ema, **state.state_dict(),
                "sampler": {"epoch": state.epoch, "position": state.step_in_epoch * cfg.grad_accum * micro_batch},
                "rng": capture_rng_state(), "config": cfg_dict, "model_args": margs, "classes": list(data.classes),
                "backend": backend, "metrics": last_val}
@@ -267,19 +277,24 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         step_ends.append([time.perf_counter()])
         train_loss = train_epoch(
             model, data.train_loader, optimizer, scheduler, state, device=device, amp_dtype=amp_dtype,
-            grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, label_smoothing=cfg.label_smoothing,
+            grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, recipe=recipe,
             steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
             nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
             backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
             reduce=all_reduce_mean)
         last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
+        last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
         state.epoch, state.step_in_epoch = epoch + 1, 0
-        logger.log({**{f"val/{k}": v for k, v in last_val.items() if k != "images"}, "epoch": state.epoch,
-                    "data/bad_files": data.num_bad()},
-                   step=state.step, prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
-        history.append({"epoch": state.epoch, "train_loss": train_loss, **{f"val_{k}": v for k, v in last_val.items()}})
-        improved = last_val["top1"] > state.best_top1
-        state.best_top1 = max(state.best_top1, last_val["top1"])
+        logger.log({**prefixed("val/", last_val), **prefixed("val_ema/", last_ema), "epoch": state.epoch,
+                    "data/bad_files": data.num_bad()}, step=state.step,
+                   prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
+        history.append({"epoch": state.epoch, "train_loss": train_loss,
+                        "lr": max(g["lr"] for g in optimizer.param_groups),
+                        **prefixed("val_", last_val), **prefixed("val_ema_", last_ema)})
+        if rank == 0:
+            append_summary_csv(out_dir / "summary.csv", {**history[-1], "val": last_val, "val_ema": last_ema})
+        top1 = (last_ema if cfg.ema.best_from == "ema" else last_val)["top1"]  # ema.best_from picks best.pt
+        improved, state.best_top1 = top1 > state.best_top1, max(state.best_top1, top1)
         # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
         if improved:  # the same on every rank (reduced metrics); payload is a collective under FSDP
             best = payload(with_optimizer=False)

@@ -21,6 +21,7 @@ from eval import evaluate_checkpoint
 from train import train
 from vit.checkpoint import list_checkpoints, load_checkpoint
 from vit.data import export_digits
+from vit.recipe import Recipe
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 TRAIN_KEYS = ["train/loss", "train/lr", "train/images_per_s", "train/tokens_per_s", "train/step_time_ms",
@@ -259,7 +260,8 @@ def test_nonfinite_loss_policy(policy):
     scheduler = CosineLRScheduler(optimizer, t_initial=5, t_in_epochs=False)
     state, logger = TrainState(), _Logger()
     kwargs = {"device": torch.device("cpu"), "amp_dtype": None, "grad_accum": 1, "clip_grad": 1.0,
-              "label_smoothing": 0.0, "steps_per_epoch": 5, "world_size": 1, "log_every": 10,
+              "recipe": Recipe(torch.nn.functional.cross_entropy), "steps_per_epoch": 5, "world_size": 1,
+              "log_every": 10,
               "nonfinite_policy": policy, "max_nonfinite_skips": 2, "logger": logger, "backend": "naive",
               "seq_len": 5, "progress": False}
     before = {}
@@ -293,8 +295,9 @@ def test_overflowing_grad_norm_is_named_not_the_finite_loss():
     with pytest.raises(NonFiniteLossError) as info:
         train_epoch(model, loader, optimizer, CosineLRScheduler(optimizer, t_initial=1, t_in_epochs=False),
                     TrainState(), device=torch.device("cpu"), amp_dtype=None, grad_accum=1, clip_grad=1.0,
-                    label_smoothing=0.0, steps_per_epoch=1, world_size=1, log_every=10, nonfinite_policy="stop",
-                    max_nonfinite_skips=0, logger=_Logger(), backend="naive", seq_len=5, progress=False)
+                    recipe=Recipe(torch.nn.functional.cross_entropy), steps_per_epoch=1, world_size=1, log_every=10,
+                    nonfinite_policy="stop", max_nonfinite_skips=0, logger=_Logger(), backend="naive", seq_len=5,
+                    progress=False)
     message = str(info.value)
     assert message.startswith("non-finite grad norm inf (the loss, ") and "is finite) at step 1 " in message
     loss = float(message.split("the loss, ")[1].split(",")[0])

@@ -16,6 +16,7 @@ from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
 from vit.model import SIZES, VisionTransformer, create_model
+from vit.recipe import check_recipe_config
 
 NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # plus every 1-D parameter (biases, norms)
 
@@ -60,6 +61,7 @@ def check_train_config(cfg) -> None:
     _require(cfg.get("init_from") is None or isinstance(cfg.init_from, str), "init_from", cfg.get("init_from"),
              "null or a path to weights")
     check_model_config(cfg)
+    check_recipe_config(cfg)
 
 
 def check_model_config(cfg) -> None:

@@ -119,7 +119,7 @@ class WindowMeter:
 
 
 def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, device: torch.device,
-                amp_dtype: torch.dtype | None, grad_accum: int, clip_grad: float, label_smoothing: float,
+                amp_dtype: torch.dtype | None, grad_accum: int, clip_grad: float, recipe,
                 steps_per_epoch: int, world_size: int, log_every: int, nonfinite_policy: str, max_nonfinite_skips: int,
                 logger, backend: str, seq_len: int, on_step_end: Callable[[TrainState], None] | None = None,
                 progress: bool = True, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
@@ -128,6 +128,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
     Returns the mean training loss over the steps run (averaged over ranks with ``reduce``).
 
     ``loader`` must already be positioned (sampler set to the epoch and the consumed samples).
+    ``recipe`` (:class:`vit.recipe.Recipe`) mixes each micro-batch, gives the loss and updates the EMA.
     ``on_step_end(state)`` runs after every optimizer step (mid-epoch checkpoints hook in here).
 
     Raises:
@@ -136,6 +137,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         TrainingOutOfMemoryError: the device ran out of memory in the forward or backward (see :func:`oom_message`).
     """
     model.train()
+    recipe.set_epoch(state.epoch)  # mixup.off_epoch
     meter = WindowMeter(device, seq_len)
     it = iter(loader)
     epoch_loss, epoch_steps = torch.zeros((), device=device), 0
@@ -149,11 +151,12 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             x, y = next(it)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             meter.data_wait += time.perf_counter() - t_wait
+            x, y = recipe.mix(x, y)  # mixup/cutmix: mixed images, (B, C) soft targets; as is without
             try:
                 with gradient_sync(model, enabled=micro == grad_accum - 1):  # reduce over ranks once a step
                     with autocast(device, amp_dtype):
                         logits = model(x)  # (B, num_classes)
-                    loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing) / grad_accum
+                    loss = recipe.loss_fn(logits.float(), y) / grad_accum
                     loss.backward()
             except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) subclasses it; the CPU allocator raises it
                 if not is_out_of_memory(e):
@@ -179,6 +182,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             logger.print(f"[nonfinite] {where}: step skipped ({state.nonfinite_skips}/{max_nonfinite_skips})")
         else:
             optimizer.step()
+            recipe.update_ema(model, state.step + 1)
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.step_in_epoch += 1
@@ -192,7 +196,8 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         if state.step % log_every == 0 or state.step_in_epoch == steps_per_epoch:
             window = meter.read(reduce)
             metrics = {f"train/{k}": v for k, v in window.items()}
-            metrics.update({"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm.item(),
+            metrics.update({"train/lr": max(g["lr"] for g in optimizer.param_groups),  # top layer's (layer decay)
+                            "train/grad_norm": grad_norm.item(),
                             "epoch": state.epoch + state.step_in_epoch / steps_per_epoch})
             bar.set_postfix(loss=f"{window['loss']:.4f}", img_s=f"{window['images_per_s']:.0f}")
             logger.log(metrics, step=state.step, prefix=f"[train {backend}] ")

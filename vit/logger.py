@@ -122,3 +122,22 @@ class RunLogger:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+def append_summary_csv(path: str | os.PathLike, row: dict) -> None:
+    """Append one epoch to ``summary.csv`` in timm's format (``timm.utils.update_summary``: columns
+    ``epoch, train_loss, eval_loss, eval_top1, eval_top5[, eval_ema_*], lr``); ``row`` holds ``epoch``,
+    ``train_loss``, ``lr`` and the ``val``/``val_ema`` metric dicts. A header is written into a new file."""
+    from timm.utils import update_summary
+
+    evals = {**{k: row["val"][k] for k in ("loss", "top1", "top5")},
+             **{f"ema_{k}": row["val_ema"][k] for k in ("loss", "top1", "top5") if row["val_ema"]}}
+    update_summary(row["epoch"], {"loss": row["train_loss"]}, evals, str(path), lr=row["lr"])
+
+
+def trim_summary_csv(path: str | os.PathLike, finished_epochs: int) -> None:
+    """Drop ``summary.csv`` rows past ``finished_epochs`` (a resumed run writes them again; a fresh run,
+    0, starts a new file): timm's ``trim_summary``, whose epochs count from 0 where ours count finished ones."""
+    from timm.utils.summary import trim_summary
+
+    trim_summary(str(path), finished_epochs + 1)

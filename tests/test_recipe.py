@@ -1,0 +1,171 @@
+"""The training recipe (vit/recipe.py): mixup/cutmix as timm does it, the soft-target loss, the EMA of the
+weights against a hand-computed one, and the start-up errors for combinations that cannot run (CPU, seconds)."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from timm.data import Mixup
+from timm.scheduler import CosineLRScheduler
+
+from train import train
+from vit.build import check_train_config
+from vit.engine import TrainState, train_epoch
+from vit.model import create_model
+from vit.recipe import build_recipe
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+CPU = torch.device("cpu")
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def recipe_for(overrides: list[str], model=None, num_classes: int = 10, micro_batch: int = 8):
+    model = model if model is not None else create_model("debug", img_size=8, patch_size=4, num_classes=num_classes)
+    return build_recipe(compose_cfg(overrides), model, num_classes, "none", CPU, micro_batch)
+
+
+class _Logger:
+    rank = 0
+
+    def print(self, msg):
+        pass
+
+    def log(self, metrics, step, prefix=""):
+        pass
+
+
+def run_steps(model, recipe, loader, on_step_end=None, grad_accum: int = 1):
+    """``len(loader) // grad_accum`` optimizer steps of train_epoch on the CPU."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    steps = len(loader) // grad_accum
+    scheduler = CosineLRScheduler(optimizer, t_initial=steps, t_in_epochs=False)
+    return train_epoch(model, loader, optimizer, scheduler, TrainState(), device=CPU, amp_dtype=None,
+                       grad_accum=grad_accum, clip_grad=1.0, recipe=recipe, steps_per_epoch=steps, world_size=1,
+                       log_every=100, nonfinite_policy="stop", max_nonfinite_skips=0, logger=_Logger(),
+                       backend="naive", seq_len=5, on_step_end=on_step_end, progress=False)
+
+
+def batches(n: int, size: int = 8, num_classes: int = 10, seed: int = 0) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, 3, 8, 8, generator=gen), torch.randint(0, num_classes, (size,), generator=gen))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_mixup_cutmix_mix_as_timm_does_with_the_same_seed(mode):
+    """mixup=deit builds timm's Mixup with DeiT's values; same numpy seed, same images and targets."""
+    recipe = recipe_for(["mixup=deit", f"mixup.mode={mode}", "label_smoothing=0.1"])
+    reference = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode=mode, label_smoothing=0.1,
+                      num_classes=10)
+    for seed in range(6):  # over seeds both mixup and cutmix get drawn
+        x, y = batches(1, seed=seed)[0]
+        np.random.seed(seed)
+        mixed, target = recipe.mix(x.clone(), y)
+        np.random.seed(seed)
+        want_x, want_target = reference(x.clone(), y)
+        assert torch.equal(mixed, want_x) and torch.equal(target, want_target)
+        assert not torch.equal(mixed, x) and target.shape == (8, 10)
+        torch.testing.assert_close(target.sum(1), torch.ones(8))
+
+
+def test_loss_is_soft_target_cross_entropy_with_mixup_else_label_smoothed_ce():
+    logits, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    soft = torch.softmax(torch.randn(8, 10), 1)
+    recipe = recipe_for(["mixup=deit"])
+    torch.testing.assert_close(recipe.loss_fn(logits, soft), (-soft * logits.log_softmax(1)).sum(1).mean())
+    plain = recipe_for(["label_smoothing=0.2"])
+    assert plain.mixup is None
+    torch.testing.assert_close(plain.loss_fn(logits, y), torch.nn.functional.cross_entropy(logits, y,
+                                                                                           label_smoothing=0.2))
+    bce = recipe_for(["mixup=deit", "mixup.loss=bce"])
+    torch.testing.assert_close(bce.loss_fn(logits, soft),
+                               torch.nn.functional.binary_cross_entropy_with_logits(logits, soft))
+
+
+def test_training_step_sees_the_mixed_batch_and_the_loss_of_the_soft_targets():
+    """Inside train_epoch, the model gets timm's mixed images (one draw per micro-batch, grad_accum=2)."""
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    loader = batches(4)
+    reference = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=10)
+    np.random.seed(3)
+    want = [reference(x.clone(), y)[0] for x, y in loader]
+    np.random.seed(3)
+    loss = run_steps(model, recipe_for(["mixup=deit"], model), [(x.clone(), y) for x, y in loader], grad_accum=2)
+    assert len(seen) == 4 and all(torch.equal(a, b) for a, b in zip(seen, want))
+    assert np.isfinite(loss)
+
+
+def test_mixup_off_epoch_stops_mixing():
+    recipe = recipe_for(["mixup=deit", "mixup.off_epoch=2"])
+    x, y = batches(1)[0]
+    recipe.set_epoch(1)
+    assert not torch.equal(recipe.mix(x.clone(), y)[0], x)
+    recipe.set_epoch(2)
+    mixed, target = recipe.mix(x.clone(), y)
+    assert torch.equal(mixed, x) and torch.equal(target.argmax(1), y)  # unmixed, still smoothed soft targets
+
+
+def test_ema_equals_a_hand_computed_ema_after_k_steps():
+    """ModelEmaV3 with step = optimizer steps: the first update copies, then ema = d·ema + (1-d)·w."""
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=10, drop_path_rate=0.1)
+    recipe = recipe_for(["ema=on", "ema.decay=0.7"], model)
+    weights = []
+    run_steps(model, recipe, batches(5), on_step_end=lambda s: weights.append(copy.deepcopy(model.state_dict())))
+    assert len(weights) == 5
+    expected = {k: v.double() for k, v in weights[0].items()}  # step 1: decay 0, a copy
+    for w in weights[1:]:
+        expected = {k: 0.7 * expected[k] + 0.3 * w[k].double() for k in expected}
+    ema = recipe.ema.module.state_dict()
+    for k, v in expected.items():
+        torch.testing.assert_close(ema[k].double(), v, rtol=0, atol=1e-6, msg=k)
+    assert not torch.allclose(ema["head.weight"], model.head.weight)  # an average, not the last weights
+
+
+def test_ema_skips_a_skipped_step():
+    torch.manual_seed(0)
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+    recipe = recipe_for(["ema=on", "ema.decay=0.5"], model)
+    before = copy.deepcopy(recipe.ema.module.state_dict())
+    bad = [(torch.full((8, 3, 8, 8), float("nan")), torch.zeros(8, dtype=torch.long))]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_epoch(model, bad, optimizer, CosineLRScheduler(optimizer, t_initial=1, t_in_epochs=False), TrainState(),
+                device=CPU, amp_dtype=None, grad_accum=1, clip_grad=1.0, recipe=recipe, steps_per_epoch=1,
+                world_size=1, log_every=100, nonfinite_policy="skip", max_nonfinite_skips=1, logger=_Logger(),
+                backend="naive", seq_len=5, progress=False)
+    assert all(torch.equal(v, before[k]) for k, v in recipe.ema.module.state_dict().items())
+
+
+def test_odd_micro_batch_with_mixup_fails_at_start_up(tmp_path):
+    """batch_size 12 / grad_accum 2 = 6 is even and runs; 6 / 2 = 3 is refused before any step."""
+    base = ["data=synthetic", "data.img_size=8", "data.num_classes=4", "data.train_samples=100", "data.val_samples=8",
+            "model=debug", "attention=naive", "device=cpu", "logger=none", "progress=false", "epochs=1", "mixup=deit",
+            "ema=on", "eval_batch_size=8", "schedule.warmup_epochs=0"]
+    result = train(compose_cfg(base + ["batch_size=12", "grad_accum=2", f"out_dir={tmp_path / 'even'}"]))
+    assert result["steps"] == 100 // 12  # 8 steps; the last 4 images (an odd micro-batch of 4 % 6) are dropped
+    assert np.isfinite(result["history"][0]["train_loss"]) and "val_ema_top1" in result["history"][0]
+    with pytest.raises(ValueError, match=r"mixup/cutmix needs an even micro-batch .* = 3; "):
+        train(compose_cfg(base + ["batch_size=6", "grad_accum=2", f"out_dir={tmp_path / 'odd'}"]))
+    assert not (tmp_path / "odd" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("override, key", [
+    ("ema.best_from=ema", "ema.best_from"),  # no EMA to choose by
+    ("mixup.mode=row", "mixup.mode"),
+    ("mixup.mixup_alpha=-1", "mixup.mixup_alpha"),
+    ("ema.decay=1.5", "ema.decay"),
+])
+def test_invalid_recipe_values_name_the_key(override, key):
+    with pytest.raises(ValueError, match=rf"invalid config value {key}="):
+        check_train_config(compose_cfg([override]))
