@@ -1,8 +1,9 @@
 """A training run SIGKILLed at six points, each time restarted with ``resume=auto``, ends with the
-uninterrupted run's weights, bit for bit (CPU).
+uninterrupted run's weights, EMA weights and per-step losses, bit for bit (CPU).
 
 ``python train.py`` runs as a subprocess on a small image folder the test writes (3 classes, 96 train
-and 24 val PNGs, 16 px; batch 8: 12 optimizer steps per epoch, 2 epochs, a checkpoint every 3 steps).
+and 24 val PNGs, 16 px; batch 8: 12 optimizer steps per epoch, 2 epochs, a checkpoint every 3 steps),
+with the regularisation recipe on: mixup/cutmix (``mixup=deit``, numpy's RNG) and an EMA of the weights.
 The kills come from the ``VIT_TEST_CRASH_AT=<event>:<n>`` hook (vit/checkpoint.py ``crash_point``):
 the process sends itself SIGKILL the n-th time it reaches the event, so no cleanup code runs.
 After every kill the newest complete checkpoint must equal the uninterrupted run's checkpoint of the
@@ -10,6 +11,7 @@ same step, and a temp file left by a killed write must never be picked and must 
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -56,7 +58,8 @@ def run_train(out_dir: Path, data_root: Path, crash_at: str | None = None, resum
     args = [f"out_dir={out_dir}", "data=imagefolder", f"data.root={data_root}", "data.img_size=16",
             "data.num_workers=0", "model=debug", "attention=naive", "device=cpu", f"epochs={EPOCHS}",
             "batch_size=8", "eval_batch_size=8", "checkpoint.every_steps=3", f"checkpoint.keep_last={keep_last}",
-            "logger=none", "progress=false", "log_every=100", f"hydra.run.dir={out_dir}/hydra",
+            "logger=none", "progress=false", "log_every=1", f"hydra.run.dir={out_dir}/hydra",
+            "mixup=deit", "ema=on", "ema.decay=0.9",
             "hydra.output_subdir=null"] + (["resume=auto"] if resume else [])
     env = {k: v for k, v in os.environ.items() if k != "VIT_TEST_CRASH_AT"}
     if crash_at:
@@ -70,6 +73,9 @@ def assert_same_state(a: dict, b: dict, what: str) -> None:
     assert a["model"].keys() == b["model"].keys()
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), f"{what}: weight {k} differs"
+    assert a["ema"].keys() == a["model"].keys() and not torch.equal(a["ema"]["head.weight"], a["model"]["head.weight"])
+    for k in a["ema"]:
+        assert torch.equal(a["ema"][k], b["ema"][k]), f"{what}: EMA weight {k} differs"
     if "optimizer" in a:
         for i, s in a["optimizer"]["state"].items():
             for k, t in s.items():
@@ -79,6 +85,12 @@ def assert_same_state(a: dict, b: dict, what: str) -> None:
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     return make_image_folder(tmp_path_factory.mktemp("data") / "ds")
+
+
+def step_losses(out_dir: Path) -> dict[int, float]:
+    """Each optimizer step's train/loss in metrics.jsonl; a step logged again after a resume keeps its last value."""
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
 
 
 def test_sigkill_at_six_points_then_resume_auto_is_exact(data_root, tmp_path):
@@ -109,3 +121,6 @@ def test_sigkill_at_six_points_then_resume_auto_is_exact(data_root, tmp_path):
     assert_same_state(load_checkpoint(ckpt_dir / final.name), load_checkpoint(final), "final checkpoint")
     assert_same_state(load_checkpoint(ckpt_dir / "best.pt"), load_checkpoint(ref_dir / "best.pt"), "best.pt")
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.pt", "step_00000021.pt", final.name]  # keep_last=2
+    want = step_losses(tmp_path / "ref")
+    assert sorted(want) == list(range(1, STEPS_PER_EPOCH * EPOCHS + 1))
+    assert step_losses(out_dir) == want
