@@ -1,11 +1,14 @@
 """Focused benchmark for the CUDA C++ backend: attention beside SDPA's flash (and cuDNN) backends,
 and the vector-add example beside torch.add and a device-to-device copy.
 
-    python benchmarks/cuda_bench.py [--json out.json]
+    python benchmarks/cuda_bench.py [--json out.json] [--attention-only]
 
-Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5× that. Vector add:
-bytes = 3 · 4 · n (two reads, one write); copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20,
-inputs rotated over two sets larger than the 60 MB L2 together.
+Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5× that. Our rows:
+``cuda-sm80`` (mma.sync forward) and, on compute capability 9.0, ``cuda-sm90`` (the Hopper forward,
+csrc/fwd_sm90.cuh); both use the mma.sync backward with 8 warps. ``fwd err`` is max |out − SDPA
+flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
+copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
+the 60 MB L2 together.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from kernels.cuda import attention as cuda_attention
 from kernels.cuda import ops
 from kernels.vector_add import add_cuda, add_torch, add_triton
 
-SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (8, 16, 4096, 128)]
+SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (8, 16, 4096, 128), (2, 12, 16384, 64), (64, 12, 577, 64)]
 
 
 def time_ms(fn, args_list, warmup=3, rep=20) -> float:
@@ -47,32 +50,40 @@ def sdpa(backend):
     return fn
 
 
-def with_bwd_warps(n):
+def cuda_with(fwd_path, bwd_warps=8):
     def fn(q, k, v):
-        ops.BWD_WARPS = n  # read when the backward runs
+        ops.FWD_PATH, ops.BWD_WARPS = fwd_path, bwd_warps  # read when the kernels run
         return cuda_attention(q, k, v)
     return fn
 
 
 def bench_attention():
     rows = []
-    backends = {"cuda-bwd4w": with_bwd_warps(4), "cuda-bwd8w": with_bwd_warps(8), "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
-                "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    backends = {"cuda-sm80": cuda_with("sm80")}
+    if torch.cuda.get_device_capability() == (9, 0):
+        backends["cuda-sm90"] = cuda_with("sm90")
+    backends |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     for B, H, N, d in SHAPES:
         sets = []
         for _ in range(2):
             q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
         flops = 4 * B * H * N * N * d
+        with torch.no_grad():
+            q, k, v, _ = sets[0]
+            reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
             try:
+                with torch.no_grad():
+                    err = (fn(q, k, v).float() - reference).abs().max().item()
                 fwd = time_ms(lambda q, k, v, do, fn=fn: fn(q.detach(), k.detach(), v.detach()), sets)
                 fwd_bwd = time_ms(lambda q, k, v, do, fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), do), sets)
             except RuntimeError as exc:  # a backend PyTorch cannot run at this shape
                 print(f"{name} {B, H, N, d}: {exc}")
                 continue
             rows.append({"B": B, "H": H, "N": N, "d": d, "backend": name, "fwd_ms": fwd, "fwd_tflops": flops / fwd / 1e9,
-                             "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd / 1e9})
+                         "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd / 1e9, "fwd_err": err})
+        del reference
         del sets
         torch.cuda.empty_cache()
     return rows
@@ -96,16 +107,26 @@ def bench_vector_add(n=1 << 28):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--attention-only", action="store_true", help="skip the vector-add table")
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     attn = bench_attention()
-    n, vadd = bench_vector_add()
-    print("\n| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd vs sdpa-flash |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd vs cudnn "
+          "| fwd+bwd vs cudnn | fwd+bwd vs sdpa-flash | fwd err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in attn:
-        ref = next(x for x in attn if x["backend"] == "sdpa-flash" and (x["B"], x["N"], x["d"]) == (r["B"], r["N"], r["d"]))
+        peer = {x["backend"]: x for x in attn if (x["B"], x["N"], x["d"]) == (r["B"], r["N"], r["d"])}
+        flash, cudnn = peer.get("sdpa-flash", r), peer.get("sdpa-cudnn", r)
         print(f"| {r['B']} | {r['H']} | {r['N']} | {r['d']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} "
-              f"| {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tflops']:.0f} | {ref['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x |")
+              f"| {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tflops']:.0f} | {cudnn['fwd_ms'] / r['fwd_ms']:.2f}x "
+              f"| {cudnn['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x | {flash['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x "
+              f"| {r['fwd_err']:.1e} |")
+    if args.attention_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "attention": attn}, f, indent=1)
+        return
+    n, vadd = bench_vector_add()
     print(f"\nvector add, float32, n = {n} ({4 * n / 2**30:.0f} GiB per tensor)\n")
     print("| kernel | ms | GB/s | of copy |\n|---|---|---|---|")
     for r in vadd:

@@ -1,10 +1,13 @@
 """CUDA C++ attention backend (kernels/cuda).
 
-CPU (CI): every kernel source compiles with nvcc for sm_80 and sm_90, the attention kernels'
-SASS holds tensor-core instructions (HMMA) and ptxas reports no spills; the wrapper's input
-validation raises the documented errors before touching a GPU or the extension.
+CPU (CI): every mma.sync kernel source compiles with nvcc for sm_80 and sm_90a and the Hopper
+forward's for sm_90a; the SASS holds tensor-core instructions (HMMA for mma.sync; HGMMA, UTMALDG
+(TMA) and mbarrier waits for the Hopper forward) and ptxas reports no spills; the build's arch and
+source selection and the forward-path choice; the wrapper's input validation raises the documented
+errors before touching a GPU or the extension.
 GPU: forward and dq, dk, dv against float64 (error ≤ 2× naive's at the same dtype), awkward
-seq_len and head_dim, eager and torch.compile(fullgraph=True), strided inputs.
+seq_len and head_dim, for both forwards (sm80 and, on compute capability 9.0, sm90), eager and
+torch.compile(fullgraph=True), strided inputs.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from conftest import check_against_reference, make_qkv, max_err, pack_qkv, refer
 from kernels import get_attention
 from kernels.cuda import attention, build, check_inputs, ops
 
-ARCHES = ("sm_80", "sm_90")
+ARCHES = ("sm_80", "sm_90a")  # torch builds compute capability 9.0 as 9.0a (build.arch_list)
 # torch's cpp_extension defines these for every .cu; compile the same way.
 TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                       "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
@@ -42,14 +45,27 @@ def _cuobjdump() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
+def _is_sm90(name: str) -> bool:
+    return name.startswith("fwd_sm90_")
+
+
+def _sass(cubin) -> str:
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (CUDA toolkit or the triton wheel carries it)")
+    return subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
 @pytest.fixture(scope="session")
 def cubins(tmp_path_factory):
-    """Compile every kernel source once per arch: {(arch, file name): (cubin path, ptxas report)}."""
+    """Compile every kernel source once per arch that runs it (the Hopper forward for sm_90a only):
+    {(arch, file name): (cubin path, ptxas report)}."""
     nvcc = build.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found: install the CUDA toolkit and set CUDA_HOME=/usr/local/cuda")
     out = tmp_path_factory.mktemp("cubins")
-    jobs = [(arch, src) for arch in ARCHES for src in build.sources() if src.suffix == ".cu"]
+    jobs = [(arch, src) for arch in ARCHES for src in build.sources("8.0;9.0a")
+            if src.suffix == ".cu" and (arch == "sm_90a" or not _is_sm90(src.name))]
 
     def compile_one(job):
         arch, src = job
@@ -68,17 +84,32 @@ def cubins(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHES)
 def test_attention_sass_uses_tensor_cores(cubins, arch):
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (CUDA toolkit or the triton wheel carries it)")
-    names = [name for (a, name) in cubins if a == arch and name.startswith(("fwd_", "bwd_"))]
+    names = [name for (a, name) in cubins if a == arch and name.startswith(("fwd_", "bwd_")) and not _is_sm90(name)]
     assert len(names) == 12, names  # 2 dtypes x 3 head dims x (fwd, bwd)
     for name in names:
-        sass = subprocess.run([tool, "--dump-sass", str(cubins[(arch, name)][0])], capture_output=True,
-                              text=True, check=True).stdout
-        assert re.search(r"\bH(G)?MMA\.", sass), f"{name} ({arch}): no HMMA/HGMMA in the SASS"
+        sass = _sass(cubins[(arch, name)][0])
+        assert re.search(r"\bHMMA\.16816", sass), f"{name} ({arch}): no mma.sync (HMMA.16816) in the SASS"
         assert "LDSM" in sass, f"{name} ({arch}): no ldmatrix (LDSM) in the SASS"
         assert "LDGSTS" in sass, f"{name} ({arch}): no cp.async (LDGSTS) in the SASS"
+
+
+def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
+    """The Hopper forward: per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared
+    memory) and 8 for O += P V (A from registers, B transposed), TMA loads, mbarrier waits, setmaxnreg."""
+    names = [name for (_, name) in cubins if _is_sm90(name)]
+    assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
+    for name in names:
+        d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
+        sass = _sass(cubins[("sm_90a", name)][0])
+        suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
+        ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
+        rs = rf"HGMMA\.64x{d}x16\.F32{suffix} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB"
+        assert len(re.findall(ss, sass)) == int(d) // 16, f"{name}: S = Q Kᵀ is not {int(d) // 16} HGMMA"
+        assert len(re.findall(rs, sass)) == 8, f"{name}: O += P V is not 8 HGMMA with A from registers"
+        assert "UTMALDG.4D" in sass, f"{name}: no TMA load (UTMALDG) in the SASS"
+        assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{name}: no mbarrier wait in the SASS"
+        assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{name}: no setmaxnreg"
+        assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{name}: mma.sync or cp.async left in"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -92,11 +123,7 @@ def test_kernels_do_not_spill(cubins, arch):
 
 
 def test_vector_add_sass_uses_16_byte_accesses(cubins):
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found")
-    sass = subprocess.run([tool, "--dump-sass", str(cubins[("sm_90", "vector_add.cu")][0])], capture_output=True,
-                          text=True, check=True).stdout
+    sass = _sass(cubins[("sm_90a", "vector_add.cu")][0])
     assert re.search(r"LDG\.E\.128", sass) and re.search(r"STG\.E\.128", sass), "vector add lost its float4 path"
 
 
@@ -106,13 +133,14 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
     if build.find_nvcc() is None:
         pytest.skip("nvcc not found: install the CUDA toolkit and set CUDA_HOME=/usr/local/cuda")
     monkeypatch.setenv("VIT_KERNELS_BUILD_DIR", str(tmp_path))
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # built as 9.0a, with the Hopper forward
     build.extension.cache_clear()
     try:
         module = build.extension()
     finally:
         build.extension.cache_clear()
-    assert all(hasattr(module, name) for name in ("fwd", "bwd", "vector_add"))
+    assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "bwd", "vector_add"))
+    assert module.has_sm90
 
 
 # --- input validation (no GPU, no extension) ---
@@ -184,17 +212,86 @@ def test_missing_nvcc_says_how_to_fix(monkeypatch):
 
 
 def test_arch_list_defaults_and_override(monkeypatch):
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    assert build.arch_list() == "9.0"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    assert build.arch_list() == "8.0"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0")
+    assert build.arch_list() == "8.0;9.0a"
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0+PTX")
+    assert build.arch_list() == "9.0+PTX"
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
-    expected = "{}.{}".format(*torch.cuda.get_device_capability()) if torch.cuda.is_available() else "8.0;9.0"
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        expected = "9.0a" if cap == (9, 0) else "{}.{}".format(*cap)
+    else:
+        expected = "8.0;9.0a"
     assert build.arch_list() == expected
+
+
+def test_sources_hold_the_hopper_forward_only_for_sm90a():
+    def names(archs):
+        return {s.name for s in build.sources(archs)}
+
+    hopper = {f"fwd_sm90_hdim{d}_{t}.cu" for d in (64, 128) for t in ("bf16", "fp16")}
+    assert hopper <= names("8.0;9.0a") and hopper <= names("9.0a")
+    assert not hopper & names("8.0") and not hopper & names("9.0+PTX")
+    assert {"api.cpp", "fwd_hdim32_bf16.cu", "bwd_hdim128_fp16.cu"} <= names("8.0")
+
+
+# --- which forward runs (no GPU: the capability and the extension are stand-ins) ---
+
+class _Ext:
+    def __init__(self, has_sm90):
+        self.has_sm90 = has_sm90
+
+
+def _path(monkeypatch, setting, capability, head_dim=64, has_sm90=True):
+    monkeypatch.setattr(ops, "FWD_PATH", setting)
+    monkeypatch.setattr(ops, "_capability", lambda device: capability)
+    monkeypatch.setattr(ops, "extension", lambda: _Ext(has_sm90))
+    return ops.fwd_path(torch.empty(1, 1, 1, head_dim, device="meta"))
+
+
+@pytest.mark.parametrize("capability, head_dim, expected", [
+    ((9, 0), 64, "sm90"), ((9, 0), 128, "sm90"), ((9, 0), 32, "sm80"),
+    ((8, 0), 64, "sm80"), ((8, 9), 128, "sm80"), ((10, 0), 64, "sm80")])
+def test_auto_picks_the_hopper_forward_on_sm90_only(monkeypatch, capability, head_dim, expected):
+    assert _path(monkeypatch, "auto", capability, head_dim) == expected
+    assert _path(monkeypatch, "sm80", capability, head_dim) == "sm80"
+
+
+def test_forced_sm90_where_it_cannot_run_says_why(monkeypatch):
+    with pytest.raises(RuntimeError, match="compute capability 9.0 GPU.*8.9"):
+        _path(monkeypatch, "sm90", (8, 9))
+    with pytest.raises(ValueError, match="head_dim"):
+        _path(monkeypatch, "sm90", (9, 0), head_dim=32)
+    with pytest.raises(ValueError, match="VIT_CUDA_FWD must be one of"):
+        _path(monkeypatch, "hopper", (9, 0))
+
+
+def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkeypatch):
+    for setting in ("auto", "sm90"):
+        with pytest.raises(RuntimeError, match="without sm_90a"):
+            _path(monkeypatch, setting, (9, 0), has_sm90=False)
 
 
 # --- GPU: accuracy against float64 ---
 
 SEQ_LENS = (1, 17, 197, 577, 1025, 4096)
 HEAD_DIMS = (32, 64, 80, 128)  # 80 runs padded to 128
+SM90_HEAD_DIMS = (64, 80, 96, 128)  # 80 and 96 padded to 128; 32 has no sm90 kernel
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(params=["sm80", "sm90"])
+def fwd_path(request, monkeypatch):
+    """Runs the test once per forward; sm90 only on compute capability 9.0 GPUs."""
+    if request.param == "sm90" and not _is_hopper():
+        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", request.param)
+    return request.param
 
 
 @pytest.mark.gpu
@@ -203,10 +300,45 @@ HEAD_DIMS = (32, 64, 80, 128)  # 80 runs padded to 128
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
+    """The mma.sync forward (forced, so it stays tested on Hopper too) and both backward tiles."""
     monkeypatch.setattr(ops, "BWD_WARPS", bwd_warps)
+    monkeypatch.setattr(ops, "FWD_PATH", "sm80")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("seq_len", SEQ_LENS)
+def test_sm90_matches_float64(seq_len, head_dim, dtype, monkeypatch):
+    """The Hopper forward (wgmma, TMA), then the backward from its out and lse."""
+    if not _is_hopper():
+        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", "sm90")
+    B, H = (1, 2) if seq_len >= 1025 else (2, 3)
+    q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128)])
+def test_sm90_size_one_batch_or_heads(B, H, N, monkeypatch):
+    """Size-1 dimensions (whose strides the TMA descriptor never uses) and N on a tile boundary."""
+    if not _is_hopper():
+        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", "sm90")
+    q, k, v = make_qkv(B, H, N, 64, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+def test_auto_runs_the_sm90_forward_on_hopper():
+    if not _is_hopper():
+        pytest.skip("needs a compute capability 9.0 GPU")
+    q = torch.empty(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert ops.FWD_PATH == "auto" and ops.fwd_path(q) == "sm90" and build.extension().has_sm90
 
 
 @pytest.mark.gpu
@@ -217,7 +349,7 @@ def test_custom_softmax_scale():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_strided_qkv_from_fused_projection(dtype):
+def test_strided_qkv_from_fused_projection(dtype, fwd_path):
     """q, k, v as strided views of one (B, N, 3, H, d) tensor, as the ViT's fused qkv Linear makes them;
     gradients flow back into that tensor. Bound: 2× the naive backend's error on the same views."""
     B, N, H, d = 2, 197, 4, 64
@@ -239,7 +371,7 @@ def test_strided_qkv_from_fused_projection(dtype):
 
 
 @pytest.mark.gpu
-def test_non_unit_last_stride_and_misaligned_rows():
+def test_non_unit_last_stride_and_misaligned_rows(fwd_path):
     q, k, v = make_qkv(2, 2, 100, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
     qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)  # last-dim stride N
     wide = torch.randn(2, 2, 100, 65, device="cuda").bfloat16()
@@ -252,7 +384,7 @@ def test_non_unit_last_stride_and_misaligned_rows():
 
 
 @pytest.mark.gpu
-def test_output_fully_written_and_deterministic_forward():
+def test_output_fully_written_and_deterministic_forward(fwd_path):
     q, k, v = make_qkv(3, 2, 577, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
     out1, out2 = attention(q, k, v), attention(q, k, v)
     assert torch.isfinite(out1).all()

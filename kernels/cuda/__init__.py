@@ -3,7 +3,12 @@
 Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning", Algorithms 1 (forward) and 2 (backward), written with ``mma.sync`` m16n8k16
 tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`` double buffering
-(see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). Contract: see :mod:`kernels`. Limits of this backend:
+(see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). On compute capability 9.0 (H100, H200) the forward at
+head_dim 64 and 128 runs a Hopper kernel instead (``csrc/fwd_sm90.cuh``, after FlashAttention-3,
+Shah et al., 2024: TMA loads, ``wgmma`` from shared memory, a producer warpgroup feeding two consumer
+warpgroups through mbarriers); the backward is the mma.sync one everywhere. ``VIT_CUDA_FWD``
+(auto, sm80, sm90) forces a forward, see :func:`ops.fwd_path`. Contract: see :mod:`kernels`.
+Limits of this backend:
 
 - dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.
 - head_dim: kernels exist for 32, 64 and 128; any other head_dim ≤ 128 is zero-padded up to the

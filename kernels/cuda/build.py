@@ -2,9 +2,12 @@
 
 ``torch.utils.cpp_extension.load`` compiles ``csrc/`` with ninja into a cache folder and reloads
 it on later calls; it recompiles only when a source or flag changes. Targets: the present GPU's
-architecture when one is visible, else sm_80 and sm_90; ``TORCH_CUDA_ARCH_LIST`` (e.g. ``9.0``)
-overrides both. ``MAX_JOBS`` sets ninja's parallelism (one job per ``.cu``: 12 attention
-instantiations + vector add + the host binding). Cache folder: ``$VIT_KERNELS_BUILD_DIR`` or
+architecture when one is visible, else sm_80 and sm_90a; ``TORCH_CUDA_ARCH_LIST`` (e.g. ``8.0``)
+overrides both. Compute capability 9.0 is always built as ``9.0a`` (the same GPUs; the ``a`` adds
+wgmma, TMA and setmaxnreg), and only a build that has ``9.0a`` compiles the Hopper forward
+(``fwd_sm90_*.cu``) and defines ``VITK_SM90A``. Hand-written PTX: no CUTLASS headers are needed.
+``MAX_JOBS`` sets ninja's parallelism (one job per ``.cu``: 12 mma.sync instantiations, 4 Hopper
+ones, vector add, the host binding). Cache folder: ``$VIT_KERNELS_BUILD_DIR`` or
 ``~/.cache/vit-kernels/<torch>-cu<cuda>/``.
 """
 from __future__ import annotations
@@ -24,9 +27,18 @@ NVCC_FLAGS = ["-O3", "--use_fast_math", "-lineinfo"]
 CXX_FLAGS = ["-O3"]
 
 
-def sources() -> list[Path]:
-    """The extension's translation units: host binding, vector add, one file per instantiation."""
-    return [CSRC / "api.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")), *sorted(CSRC.glob("bwd_hdim*.cu"))]
+def has_sm90(arch_list_value: str) -> bool:
+    """Whether a ``TORCH_CUDA_ARCH_LIST`` value builds the Hopper (sm_90a) kernels."""
+    return "9.0a" in arch_list_value.replace(" ", ";").split(";")
+
+
+def sources(arch_list_value: str | None = None) -> list[Path]:
+    """The extension's translation units: host binding, vector add, one file per instantiation, and
+    the Hopper forward's when ``arch_list_value`` (default :func:`arch_list`) has 9.0a."""
+    arch_list_value = arch_list() if arch_list_value is None else arch_list_value
+    hopper = sorted(CSRC.glob("fwd_sm90_hdim*.cu")) if has_sm90(arch_list_value) else []
+    return [CSRC / "api.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")),
+            *sorted(CSRC.glob("bwd_hdim*.cu")), *hopper]
 
 
 def cuda_home() -> str | None:
@@ -50,13 +62,15 @@ def find_nvcc() -> str | None:
 
 
 def arch_list() -> str:
-    """``TORCH_CUDA_ARCH_LIST`` value to build for: env override, else the present GPU, else 8.0;9.0."""
+    """``TORCH_CUDA_ARCH_LIST`` value to build for: env override, else the present GPU, else
+    ``8.0;9.0a``; a plain ``9.0`` becomes ``9.0a`` (``9.0+PTX`` stays as it is: no Hopper kernels)."""
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return os.environ["TORCH_CUDA_ARCH_LIST"]
+        archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")
+        return ";".join("9.0a" if a == "9.0" else a for a in archs if a)
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
-        return f"{major}.{minor}"
-    return "8.0;9.0"
+        return "9.0a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+    return "8.0;9.0a"
 
 
 def build_dir() -> Path:
@@ -68,7 +82,8 @@ def build_dir() -> Path:
 
 @functools.cache
 def extension(verbose: bool = False):
-    """Compile if needed and import the extension module (``fwd``, ``bwd``, ``vector_add``).
+    """Compile if needed and import the extension module (``fwd``, ``fwd_sm90``, ``bwd``,
+    ``vector_add``; ``has_sm90`` says whether the Hopper kernels were built).
 
     Raises:
         RuntimeError: torch has no CUDA build, nvcc is missing, or the compilation failed; the
@@ -91,13 +106,14 @@ def extension(verbose: bool = False):
     # torch guesses CUDA_HOME once at import (from `which nvcc`, possibly a wrapper outside the toolkit)
     cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(Path(nvcc).parent.parent)
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+    defines = ["-DVITK_SM90A"] if has_sm90(archs) else []
     try:
         return cpp_extension.load(
             name=NAME,
-            sources=[str(s) for s in sources()],
-            extra_cflags=CXX_FLAGS,
-            extra_cuda_cflags=NVCC_FLAGS,
+            sources=[str(s) for s in sources(archs)],
+            extra_cflags=CXX_FLAGS + defines,
+            extra_cuda_cflags=NVCC_FLAGS + defines,
             extra_include_paths=[str(CSRC)],
             build_directory=str(build_dir()),
             verbose=verbose,

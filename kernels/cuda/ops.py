@@ -1,6 +1,7 @@
 """The CUDA kernels as ``torch.library`` custom ops, with fake (meta) kernels and autograd.
 
-``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` and
+``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` (the Hopper or the mma.sync forward,
+as :func:`fwd_path` picks at run time) and
 ``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)``: raw launchers
 over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
 contiguous but out, which is ``(B, N, H, d)`` in memory; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
@@ -8,6 +9,7 @@ Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -20,11 +22,60 @@ from .build import extension
 # H200, bf16, fwd+bwd: 8 warps 6.42 ms vs 4 warps 6.93 ms at (8, 12, 4096, 64); 1.37 ms both at
 # (256, 12, 197, 64) (benchmarks/results/cuda_h200.md). Override with VIT_CUDA_BWD_WARPS=4.
 BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "8"))
+# Forward kernels: "auto" (Hopper's wgmma/TMA kernel on compute capability 9.0 at head_dim 64 and
+# 128, else mma.sync), "sm80" (mma.sync everywhere) or "sm90" (Hopper's; an error where it cannot run).
+FWD_PATH = os.environ.get("VIT_CUDA_FWD", "auto")
+FWD_PATHS = ("auto", "sm80", "sm90")
+SM90_HEAD_DIMS = (64, 128)
+
+
+@functools.cache
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fwd_path(q: Tensor) -> str:
+    """Which forward runs for ``q`` (a CUDA tensor, head_dim 32, 64 or 128) under ``FWD_PATH``.
+
+    Returns ``"sm90"`` (csrc/fwd_sm90.cuh) or ``"sm80"`` (csrc/fwd.cuh). ``auto`` takes sm90 on
+    compute capability 9.0 when head_dim is 64 or 128 (head_dim 32 runs mma.sync there).
+
+    Raises:
+        ValueError: FWD_PATH (env ``VIT_CUDA_FWD``) is not one of auto, sm80, sm90, or sm90 was asked
+            for at head_dim 32.
+        RuntimeError: sm90 asked for on a GPU that is not compute capability 9.0, or the GPU is 9.0
+            but the extension was built without sm_90a kernels (a TORCH_CUDA_ARCH_LIST without 9.0).
+    """
+    if FWD_PATH not in FWD_PATHS:
+        raise ValueError(f"VIT_CUDA_FWD must be one of {FWD_PATHS}, got {FWD_PATH!r}")
+    if FWD_PATH == "sm80":
+        return "sm80"
+    capability = _capability(q.device)
+    hopper = capability == (9, 0)
+    head_dim = q.shape[-1]
+    if FWD_PATH == "auto" and not (hopper and head_dim in SM90_HEAD_DIMS):
+        return "sm80"
+    if not hopper:
+        raise RuntimeError("VIT_CUDA_FWD=sm90 needs a compute capability 9.0 GPU (H100, H200), this one is "
+                           f"{capability[0]}.{capability[1]}; use VIT_CUDA_FWD=auto or sm80")
+    if head_dim not in SM90_HEAD_DIMS:
+        raise ValueError(f"VIT_CUDA_FWD=sm90 has kernels for head_dim {SM90_HEAD_DIMS}, got {head_dim}; "
+                         "use VIT_CUDA_FWD=auto (head_dim 32 runs the sm80 forward)")
+    if not extension().has_sm90:
+        raise RuntimeError("this GPU is compute capability 9.0 but the CUDA extension was built without sm_90a "
+                           "kernels; unset TORCH_CUDA_ARCH_LIST or include 9.0 in it and rebuild, or set "
+                           "VIT_CUDA_FWD=sm80")
+    return "sm90"
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
 def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> tuple[Tensor, Tensor]:
-    out, lse = extension().fwd(q, k, v, softmax_scale)
+    ext = extension()
+    out, lse = (ext.fwd_sm90 if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
     return out, lse
 
 

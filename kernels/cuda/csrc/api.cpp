@@ -52,13 +52,26 @@ void check_launch(cudaError_t err, const char *what) {
   TORCH_CHECK(err == cudaSuccess, what, " launch failed: ", cudaGetErrorString(err));
 }
 
-std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+// TMA tensor maps need every stride of a dimension longer than 1 to be a positive multiple of 16 bytes.
+at::Tensor tma_ready(const at::Tensor &t) {
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) > 0 && t.stride(i) % 8 == 0));
+  return ok ? t : t.contiguous();
+}
+
+// sm90 = true runs the Hopper kernels (fwd_sm90.cuh), else the mma.sync ones (fwd.cuh).
+std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
   TORCH_CHECK_VALUE(softmax_scale > 0, "softmax_scale must be > 0, got ", softmax_scale);
   const c10::cuda::CUDAGuard guard(q.device());
-  q = aligned(q), k = aligned(k), v = aligned(v);
+  if (sm90) {
+    TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 forward has kernels for head_dim 64 and 128, got 32");
+    q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
+  } else {
+    q = aligned(q), k = aligned(k), v = aligned(v);
+  }
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
   TORCH_CHECK_VALUE(H <= 65535 && B <= 65535, "B and H must be <= 65535 (grid limits), got ", B, ", ", H);
   // (B, N, H, d) in memory, as SDPA does, so the caller's transpose(1, 2).reshape(B, N, H*d) is a view.
@@ -72,9 +85,35 @@ std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double sof
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
-    check_launch(vitk::run_fwd<decltype(dt)::value, decltype(hd)::value>(p, stream), "attention forward");
+    constexpr int DT = decltype(dt)::value, D = decltype(hd)::value;
+    if (!sm90) return check_launch(vitk::run_fwd<DT, D>(p, stream), "attention forward");
+#ifdef VITK_SM90A
+    if constexpr (D != 32) {
+      const char *what = "";
+      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what);
+      TORCH_CHECK(err == cudaSuccess, "attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err));
+    }
+#endif
   });
   return {out, lse};
+}
+
+std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  return fwd_impl(q, k, v, softmax_scale, false);
+}
+
+std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+#ifndef VITK_SM90A
+  TORCH_CHECK(false, "this build of the extension has no sm_90a kernels: build with TORCH_CUDA_ARCH_LIST "
+              "containing 9.0 or 9.0a (kernels/cuda/build.py), or run the sm80 forward (VIT_CUDA_FWD=sm80)");
+#endif
+  int major = 0;
+  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
+  check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()),
+               "reading the compute capability");
+  TORCH_CHECK(major == 9, "the sm90 forward runs on compute capability 9.0 GPUs (H100, H200) only, this is ",
+              major, ".x");
+  return fwd_impl(q, k, v, softmax_scale, true);
 }
 
 std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
@@ -128,8 +167,14 @@ at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync) and the vector-add example";
-  m.def("fwd", &fwd, "attention forward: (q, k, v, softmax_scale) -> [out, lse]");
+  m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync), a Hopper forward (wgmma, TMA) and the vector-add example";
+  m.def("fwd", &fwd, "attention forward, mma.sync (sm_80+): (q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
+#ifdef VITK_SM90A
+  m.attr("has_sm90") = true;
+#else
+  m.attr("has_sm90") = false;
+#endif
   m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

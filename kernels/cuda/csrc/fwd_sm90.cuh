@@ -1,0 +1,289 @@
+// Hopper forward (sm_90a) after FlashAttention-3 (Shah et al., 2024, "FlashAttention-3: Fast and
+// Accurate Attention with Asynchrony and Low-precision", Algorithm 1): TMA loads, wgmma from shared
+// memory, a producer warpgroup and consumer warpgroups synchronised by mbarriers. Not (yet) here:
+// ping-pong scheduling between the consumers and the intra-warpgroup overlap of softmax with the
+// next Q·Kᵀ; each consumer runs S = Q·Kᵀ, the online softmax and O += P·V in sequence.
+//
+// CTA = 3 warpgroups (384 threads), one CTA per SM:
+//   warpgroup 0, producer: gives registers back (setmaxnreg 40); one thread issues TMA loads of the
+//     Q tile once, then of K and V tiles into a kStages-deep ring, each stage guarded by k_full/v_full
+//     (TMA completes their transaction bytes) and kv_empty (every consumer thread arrives when its
+//     P·V that read the stage has finished).
+//   warpgroups 1..kConsumers, consumers (setmaxnreg 232): 64 query rows each. Per key tile:
+//     wait k_full -> S = Q Kᵀ (wgmma m64n128k16, both operands from shared memory, D/16 steps) ->
+//     mask keys >= N, online softmax in base 2 in registers (the sm_80 kernel's arithmetic) ->
+//     P to 16 bits in registers -> wait v_full -> O += P V (wgmma m64nDk16, A = P from registers,
+//     B = V from shared memory, transposed by the descriptor) -> arrive kv_empty.
+// Out-of-range rows and keys: TMA fills rows >= N with zeros; keys >= N are set to -inf before the
+// softmax; rows >= N are never written. Outputs: out (16-bit, normalised) and lse (float32, ln).
+#pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include "common.cuh"
+#include "sm90.cuh"
+
+namespace vitk {
+
+template <int D> struct FwdSm90Traits {
+  static_assert(D == 64 || D == 128, "the sm90 forward has kernels for head_dim 64 and 128");
+  static constexpr int kConsumers = 2;                 // consumer warpgroups, 64 query rows each
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA (shares each K/V tile)
+  static constexpr int kBlockN = 128;                  // keys per tile: S is m64n128 per consumer
+  static constexpr int kStages = 2;                    // K/V ring depth
+  static constexpr int kColBlocks = D / 64;            // 128-byte swizzle blocks per row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kTileBytes = kBlockN * D * 2;   // one K or one V stage
+  static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;  // + 1024-B alignment slack
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <int STAGES> struct FwdSm90Barriers {
+  uint64_t q_full, k_full[STAGES], v_full[STAGES], kv_empty[STAGES];
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int N> __device__ __forceinline__ void fence_operands(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
+// Producer: Q once, then K_j, V_j for every key tile j into stage j % kStages.
+template <typename Tr, typename T>
+__device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                                 const CUtensorMap *tm_v, T *Qs, T *Ks, T *Vs,
+                                                 FwdSm90Barriers<Tr::kStages> &bar, int m0, int h, int b,
+                                                 int n_blocks) {
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
+  mbar_arrive_expect_tx(&bar.q_full, Tr::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Qs + c * BM * 64, tm_q, &bar.q_full, 64 * c, m0, h, b);
+  for (int j = 0; j < n_blocks; ++j) {
+    const int s = j % S;
+    mbar_wait(&bar.kv_empty[s], ((j / S) & 1) ^ 1);
+    T *Kb = Ks + s * BN * D, *Vb = Vs + s * BN * D;
+    mbar_arrive_expect_tx(&bar.k_full[s], Tr::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Kb + c * BN * 64, tm_k, &bar.k_full[s], 64 * c, j * BN, h, b);
+    mbar_arrive_expect_tx(&bar.v_full[s], Tr::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Vb + c * BN * 64, tm_v, &bar.v_full[s], 64 * c, j * BN, h, b);
+  }
+}
+
+// Online softmax of one S tile (64 x 128 per warpgroup; this thread: rows g, g+8 of its warp, 32
+// columns each), as in fwd.cuh: mask keys >= N, update the running max (log2 units) and sum, rescale
+// O, and pack P into the m16n8k16 A fragments of the 8 k-steps of P·V.
+template <int DTYPE, int NS, int NO>
+__device__ __forceinline__ void fwd_sm90_softmax(float (&s)[NS], float (&o)[NO], float (&row_max)[2],
+                                                 float (&row_sum)[2], uint32_t (&pa)[NS / 8][4], float sl2,
+                                                 int key0, int N, int t) {
+  if (key0 + 2 * NS > N) {
+#pragma unroll
+    for (int i = 0; i < NS; ++i)
+      if (key0 + 8 * (i / 4) + 2 * t + (i & 1) >= N) s[i] = -INFINITY;
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+  float alpha[2], neg_m[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(row_max[r], quad_max(mx[r]) * sl2);  // finite: every tile has a key < N
+    alpha[r] = exp2f(row_max[r] - m_new);
+    row_max[r] = m_new;
+    neg_m[r] = -m_new;
+  }
+  float ls[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < NS; ++i) {
+    s[i] = exp2f(fmaf(s[i], sl2, neg_m[(i >> 1) & 1]));
+    ls[(i >> 1) & 1] += s[i];
+  }
+  row_sum[0] = row_sum[0] * alpha[0] + ls[0];
+  row_sum[1] = row_sum[1] * alpha[1] + ls[1];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+  for (int kk = 0; kk < NS / 8; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+// Consumer warpgroup `w`: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
+template <int DTYPE, int D>
+__device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
+                                                 const typename Elem<DTYPE>::T *Ks,
+                                                 const typename Elem<DTYPE>::T *Vs,
+                                                 FwdSm90Barriers<FwdSm90Traits<D>::kStages> &bar, int w, int tid,
+                                                 int m0, int h, int b, int n_blocks) {
+  using T = typename Elem<DTYPE>::T;
+  using Tr = FwdSm90Traits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const T *Qw = Qs + w * 64 * 64;  // this warpgroup's rows inside every 64-column block
+  const float sl2 = p.softmax_scale * kLog2e;
+  float s[NS], o[NO];
+#pragma unroll
+  for (int i = 0; i < NS; ++i) s[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  uint32_t pa[NS / 8][4];
+
+  mbar_wait(&bar.q_full, 0);
+  for (int j = 0; j < n_blocks; ++j) {
+    const int st = j % S;
+    const uint32_t parity = (j / S) & 1;
+    const T *Kb = Ks + st * BN * D, *Vb = Vs + st * BN * D;
+    mbar_wait(&bar.k_full[st], parity);
+    fence_operands(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_n128<DTYPE>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+
+    fwd_sm90_softmax<DTYPE>(s, o, row_max, row_sum, pa, sl2, j * BN, p.N, t);
+
+    mbar_wait(&bar.v_full[st], parity);
+    fence_operands(o);
+    fence_operands(pa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {  // keys 16kk..16kk+15: two 8-row groups, 2048 bytes further on
+      const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
+      if constexpr (D == 64) wgmma_rs_n64<DTYPE>(o, pa[kk], vd, 1);
+      else wgmma_rs_n128<DTYPE>(o, pa[kk], vd, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pa);
+    mbar_arrive(&bar.kv_empty[st]);
+  }
+
+  // Epilogue: normalise and store straight from the accumulators (4-byte stores; rows >= N skipped).
+  const int N = p.N, row0 = m0 + w * 64 + warp * 16 + g;
+  T *out = static_cast<T *>(p.out) + b * p.out_st.batch + h * p.out_st.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]), inv = 1.f / l;
+    const int row = row0 + 8 * r;
+    if (row >= N) continue;
+    if (t == 0) p.lse[((int64_t)b * p.H + h) * N + row] = (row_max[r] + log2f(l)) * kLn2;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.out_st.row + 8 * i + 2 * t) =
+          Elem<DTYPE>::pack(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int DTYPE, int D>
+__global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename Elem<DTYPE>::T;
+  using Tr = FwdSm90Traits<D>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ FwdSm90Barriers<Tr::kStages> bar;
+  // 128B-swizzled TMA tiles must start on 1024-byte boundaries of the shared window.
+  T *Qs = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));  // (D/64, BM, 64)
+  T *Ks = Qs + Tr::kBlockM * D;             // (kStages, D/64, BN, 64)
+  T *Vs = Ks + Tr::kStages * Tr::kBlockN * D;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int m0 = blockIdx.x * Tr::kBlockM, h = blockIdx.y, b = blockIdx.z;
+  const int n_blocks = (p.N + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (threadIdx.x == 0) {
+    tma_prefetch_descriptor(&tm_q), tma_prefetch_descriptor(&tm_k), tma_prefetch_descriptor(&tm_v);
+    mbar_init(&bar.q_full, 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(&bar.k_full[s], 1);
+      mbar_init(&bar.v_full[s], 1);
+      mbar_init(&bar.kv_empty[s], 128 * Tr::kConsumers);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) fwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks);
+  } else {
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    fwd_sm90_consume<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for an architecture without wgmma/TMA: the host never launches this
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, found at run time (no -lcuda at link time).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *ptr = nullptr;
+    cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) ptr = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }();
+  return fn;
+}
+
+// 4-D map (head_dim, N, H, B) of a (B, H, N, head_dim) tensor; boxes of 64 columns x `rows` rows,
+// 128-byte swizzle, zero fill past N. Strides in bytes must be multiples of 16 (api.cpp ensures it);
+// a size-1 dimension's stride is never used, so 0 there is replaced by 16.
+inline bool encode_tensor_map(CUtensorMap *map, const void *ptr, const Strides &st, int B, int H, int N, int D,
+                              int rows, bool bf16) {
+  auto bytes = [](int64_t s) { return static_cast<cuuint64_t>(s > 0 ? s * 2 : 16); };
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
+  const cuuint64_t strides[3] = {bytes(st.row), bytes(st.head), bytes(st.batch)};
+  const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, unit[4] = {1, 1, 1, 1};
+  return tensor_map_encoder()(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                              const_cast<void *>(ptr), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
+  using Tr = FwdSm90Traits<D>;
+  if (tensor_map_encoder() == nullptr) {
+    *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
+    return cudaErrorNotSupported;
+  }
+  CUtensorMap tm_q, tm_k, tm_v;
+  const bool bf16 = DTYPE == kBFloat16;
+  *what = "cuTensorMapEncodeTiled (q, k or v: strides must be multiples of 16 bytes)";
+  if (!encode_tensor_map(&tm_q, p.q, p.q_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16) ||
+      !encode_tensor_map(&tm_k, p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
+      !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16))
+    return cudaErrorInvalidValue;
+  auto kernel = fwd_sm90_kernel<DTYPE, D>;
+  *what = "setting the sm90 forward's shared memory size";
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  *what = "the sm90 forward launch";
+  dim3 grid((p.N + Tr::kBlockM - 1) / Tr::kBlockM, p.H, p.B);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
+  return cudaGetLastError();
+}
+
+}  // namespace vitk
+
+#define VITK_INSTANTIATE_FWD_SM90(DTYPE, D)                                                    \
+  template cudaError_t vitk::run_fwd_sm90<vitk::DTYPE, D>(const vitk::FwdParams &, cudaStream_t, \
+                                                          const char **);
