@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -292,6 +293,34 @@ def fwd_path(request, monkeypatch):
         pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", request.param)
     return request.param
+
+
+_SM90_SMOKE = """
+import torch
+from kernels.cuda import attention, ops
+ops.FWD_PATH = "sm90"
+for d in (64, 128):
+    q, k, v = (torch.randn(2, 3, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    attention(q, k, v)
+torch.cuda.synchronize()
+print("finished")
+"""
+
+
+@pytest.mark.gpu
+def test_sm90_forward_finishes(tmp_path):
+    """First of the sm90 tests: the kernel runs to the end in a child process, so that a pipeline
+    deadlock (an mbarrier never completing) fails here in 120 s instead of hanging the session."""
+    if not _is_hopper():
+        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+    build.extension()  # build (or load) here, outside the child's time limit
+    root = Path(__file__).resolve().parent.parent
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE], cwd=root, capture_output=True, text=True,
+                              timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sm90 forward did not finish within 120 s (deadlock in its TMA/mbarrier pipeline?)")
+    assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.gpu
