@@ -29,7 +29,6 @@ class _Compiled:
 
 class _Kernel:
     """Stands in for a ``triton.jit`` function: records Triton-path launches and their grids."""
-    arg_names = ["X", "n", "scale", "BLOCK"]
 
     def __init__(self):
         self.calls = []
@@ -44,36 +43,46 @@ class _Kernel:
 @pytest.fixture
 def fake_cuda(monkeypatch):
     monkeypatch.setattr(launch, "_device", lambda: 0)
-    monkeypatch.setattr(launch, "_stream", lambda: 7)
+    monkeypatch.setattr(launch, "_stream", lambda device: 7)
+
+
+def _call(launcher, extent, x, n, scale, block):
+    """One launch of the stand-in kernel ``(X, n, scale, BLOCK)`` as kernels/flash/op.py makes it."""
+    key = launch.signature(x.shape, (x,), (n,) + extent)
+    return launcher(key, extent, (x, scale, n), lambda: {"BLOCK": block})
 
 
 def test_launcher_reuses_the_compiled_kernel_only_for_the_same_signature(fake_cuda):
     kernel = _Kernel()
+    kernel.arg_names = ["X", "scale", "n", "BLOCK"]
     launcher = launch.Launcher(kernel, lambda extent, meta: (extent[0] * (extent[1] // meta["BLOCK"]),))
     x = torch.randn(64)
-    assert launcher((3, 32), (x, 5, 0.5), {"BLOCK": 16}) is False  # first: Triton's own path
+    assert _call(launcher, (3, 32), x, 5, 0.5, 16) is False  # first: Triton's own path
     assert kernel.calls[-1][0] == "triton" and kernel.calls[-1][3] == (6,)
-    assert launcher((3, 32), (x, 5, 0.25), {"BLOCK": 16}) is True  # another float: same kernel
+    assert _call(launcher, (3, 32), x, 5, 0.25, 16) is True  # another float: same kernel
     kind, args = kernel.calls[-1]
-    assert kind == "direct" and args == (6, 1, 1, 7, "fn", "meta", None, None, None, x, 5, 0.25, 16)
+    assert kind == "direct" and args == (6, 1, 1, 7, "fn", "meta", None, None, None, x, 0.25, 5, 16)
     assert launcher.direct_calls == 1
-    misses = [((4, 32), (x, 5, 0.5), {"BLOCK": 16}),  # another extent (grid)
-              ((3, 32), (x, 6, 0.5), {"BLOCK": 16}),  # another int (Triton specialises ints)
-              ((3, 32), (x.half(), 5, 0.5), {"BLOCK": 16}),  # another dtype
-              ((3, 32), (x[1:], 5, 0.5), {"BLOCK": 16}),  # an address not 16-byte aligned
-              ((3, 32), (x, 5, 0.5), {"BLOCK": 8})]  # another constexpr
-    for extent, args, meta in misses:
-        assert launcher(extent, args, meta) is False, (extent, args, meta)
-    assert launcher((3, 32), (x[4:], 5, 0.5), {"BLOCK": 16}) is True  # aligned view: same signature
+    misses = [((4, 32), x, 5),  # another extent (grid)
+              ((3, 32), x, 6),  # another int (Triton specialises ints)
+              ((3, 32), x.half(), 5),  # another dtype
+              ((3, 32), x[1:], 5),  # an address not 16-byte aligned (and another shape)
+              ((3, 32), x[:32], 5)]  # another shape
+    for extent, t, n in misses:
+        assert _call(launcher, extent, t, n, 0.5, 16) is False, (extent, t.shape, t.dtype, n)
+    y = torch.randn(68)[4:]  # aligned view of the same shape: same signature
+    assert _call(launcher, (3, 32), y, 5, 0.5, 16) is True
+    assert kernel.calls[-1][1][9] is y
 
 
 def test_launcher_leaves_launch_hooks_to_triton(fake_cuda, monkeypatch):
     kernel = _Kernel()
+    kernel.arg_names = ["X", "scale", "n", "BLOCK"]
     launcher = launch.Launcher(kernel, lambda extent, meta: (1,))
-    args = (torch.randn(8), 1, 1.0)
-    launcher((1,), args, {"BLOCK": 4})
+    x = torch.randn(8)
+    _call(launcher, (1, 1), x, 1, 1.0, 4)
     monkeypatch.setattr(launch, "_hooked", lambda: True)
-    assert launcher((1,), args, {"BLOCK": 4}) is False
+    assert _call(launcher, (1, 1), x, 1, 1.0, 4) is False
     assert kernel.calls[-1][0] == "triton"
 
 

@@ -27,14 +27,18 @@ def _bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=_WARMUP_MS, rep=_REP_MS, quantiles=quantiles)
 
 
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()  # plain Python: triton.next_power_of_2 costs µs per call (a jit wrapper)
+
+
 def n_bucket(seq_len: int) -> int:
     """Autotune bucket of a sequence length: next power of two, clamped to [128, 8192]."""
-    return min(max(triton.next_power_of_2(seq_len), 128), 8192)
+    return min(max(_next_power_of_2(seq_len), 128), 8192)
 
 
 def head_dim_padded(head_dim: int) -> int:
     """The power of two ≥ max(head_dim, 16) that the kernels' tiles use."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _next_power_of_2(head_dim))
 
 
 def _cfgs(names, rows):

@@ -43,21 +43,15 @@ def _device() -> int:
     return torch.cuda.current_device()
 
 
-def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream
+def _stream(device: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device)  # what Triton's own launch path calls
 
 
-def _signature(args: tuple, meta: dict) -> tuple:
-    """What a compiled kernel is specialised on (a superset of Triton's own key; see the module doc)."""
-    sig = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((a.dtype, a.data_ptr() % 16 == 0))
-        elif isinstance(a, float):
-            sig.append(float)
-        else:
-            sig.append(a)
-    return (_device(), *sig, *meta.values())
+def signature(shape: torch.Size, tensors: tuple, ints: tuple) -> tuple:
+    """What a compiled kernel is specialised on, as a cache key (a superset of Triton's own; see the
+    module doc): the device, q's shape (it fixes the constexprs and the grid), each tensor's dtype and
+    16-byte alignment, and the exact integer arguments."""
+    return (_device(), shape, ints, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
 
 
 class Launcher:
@@ -69,8 +63,9 @@ class Launcher:
             ints that fix the launch's size beyond the arguments (e.g. ``(B·H, N)``), ``meta`` maps
             every argument name to its value (the autotuned config's block sizes included).
 
-    ``launcher(extent, args, meta)`` launches with positional ``args`` (tensors, ints, floats in the
-    kernel's order) and keyword constexprs ``meta``, and returns ``True`` when the direct path was taken.
+    ``launcher(key, extent, args, meta_fn)`` launches with positional ``args`` (tensors, floats, ints
+    in the kernel's order); ``key`` is the launch's :func:`signature`; ``meta_fn()`` gives the keyword
+    constexprs (called only when Triton's own path runs). Returns ``True`` when the direct path was taken.
     ``launcher.direct_calls`` counts those (tests read it).
     """
 
@@ -82,15 +77,14 @@ class Launcher:
         self.plans: dict = {}
         self.direct_calls = 0
 
-    def __call__(self, extent: tuple, args: tuple, meta: dict) -> bool:
-        key = (extent, _signature(args, meta))
+    def __call__(self, key: tuple, extent: tuple, args: tuple, meta_fn: Callable[[], dict]) -> bool:
         plan = self.plans.get(key)
         if plan is not None and not _hooked():
             run, function, packed, grid, tail = plan
-            run(*grid, _stream(), function, packed, None, None, None, *args, *tail)
+            run(*grid, _stream(key[0]), function, packed, None, None, None, *args, *tail)
             self.direct_calls += 1
             return True
-        self._first_call(key, extent, args, meta)
+        self._first_call(key, extent, args, meta_fn())
         return False
 
     def _first_call(self, key, extent: tuple, args: tuple, meta: dict) -> None:

@@ -17,8 +17,7 @@ their definition). Inputs are assumed valid here; the checks live in :mod:`kerne
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import inspect
 import sys
 
 import torch
@@ -30,28 +29,9 @@ from triton.runtime.autotuner import Autotuner
 from .. import split_qkv
 from . import configs
 from .kernels import LOG2E, flash_bwd_preprocess_kernel
-from .launch import Launcher
+from .launch import Launcher, signature
 
 _ANNOUNCED: set = set()
-_DIRECT = contextvars.ContextVar("vit_flash_direct_launch", default=False)
-
-
-@contextlib.contextmanager
-def _direct():
-    """Inside: :func:`_traceable` hands back raw kernels (no trace can be watching)."""
-    token = _DIRECT.set(True)
-    try:
-        yield
-    finally:
-        _DIRECT.reset(token)
-
-
-def _traceable(kernel):
-    """``wrap_triton(kernel)``, which a trace (make_fx, Inductor) sees into; the kernel itself inside
-    :func:`_direct` (an opaque op, or the eager autograd.Functions below). Called eagerly outside a ``triton_op``, ``wrap_triton`` launches go through a
-    higher-order-op dispatch: the packed backward's three launches then cost ~1.8 ms of CPU per call
-    (H200: its bwd timed 1.80 ms against 0.58 ms for the triton_op one at (256, 12, 197, 64))."""
-    return kernel if _DIRECT.get() else wrap_triton(kernel)
 
 
 def _announce(tuner, what, q, tuned_before: int) -> None:
@@ -76,26 +56,28 @@ def _tiles_grid(block: str):
 _LAUNCHERS: dict = {}
 
 
-def _launcher(kernel, block: str) -> Launcher:
-    if kernel not in _LAUNCHERS:
-        _LAUNCHERS[kernel] = Launcher(kernel, _tiles_grid(block))
-    return _LAUNCHERS[kernel]
+def _launch(kernel, block, what, q, tensors, floats, ints, meta_fn, direct: bool) -> None:
+    """Launch ``kernel`` (autotuned or plain) with ``(*tensors, *floats, *ints)`` over (B·H, N) tiles of
+    ``meta[block]`` rows.
 
-
-def _launch(kernel, block, what, q, args, meta):
-    """Launch ``kernel`` (autotuned or plain) over (B·H, N) tiles of ``meta[block]`` rows.
-
-    Traced (make_fx, Inductor): through ``wrap_triton``. Direct (eager Functions, opaque ops, the
-    interpreter): Triton's own launch the first time a signature is seen, then :class:`Launcher`'s
-    cached direct path."""
+    ``direct=False`` (the ``triton_op`` bodies): through ``wrap_triton``, which a trace (make_fx,
+    Inductor) sees into. ``direct=True`` (the eager Functions and the opaque op): the kernel itself,
+    through :class:`Launcher`'s cached launch after the first call of a signature. (Called eagerly
+    outside a ``triton_op``, ``wrap_triton`` launches go through a higher-order-op dispatch: the packed
+    backward's three launches then cost ~1.8 ms of CPU per call on the H200.)"""
     B, H, N = q.shape[:3]
+    args = (*tensors, *floats, *ints)
     tuned = isinstance(kernel, Autotuner)
     tuned_before = len(kernel.cache) if tuned else 0
-    if _DIRECT.get() and not configs.INTERPRETED:
-        _launcher(kernel, block)((B * H, N), args, meta)
+    if direct and not configs.INTERPRETED:
+        launcher = _LAUNCHERS.get(kernel)
+        if launcher is None:
+            launcher = _LAUNCHERS[kernel] = Launcher(kernel, _tiles_grid(block))
+        if launcher(signature(q.shape, tensors, ints), (B * H, N), args, meta_fn):
+            return
     else:
         grid = _tiles_grid(block)
-        _traceable(kernel)[lambda m: grid((B * H, N), m)](*args, **meta)
+        (kernel if direct else wrap_triton(kernel))[lambda m: grid((B * H, N), m)](*args, **meta_fn())
     if tuned:
         _announce(kernel, what, q, tuned_before)
 
@@ -105,35 +87,35 @@ def _meta(q):
     return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
 
 
-def launch_fwd(tuner, q, k, v, out, lse, softmax_scale):
+def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False):
     """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse."""
     N = q.shape[2]
-    _launch(tuner, "BLOCK_M", "fwd", q,
-            (q, k, v, out, lse, softmax_scale * LOG2E,
-             *q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)), _meta(q))
+    _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse), (softmax_scale * LOG2E,),
+            (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
+            lambda: _meta(q), direct)
 
 
-def launch_preprocess(out, do, delta):
+def launch_preprocess(out, do, delta, direct=False):
     d = out.shape[-1]
-    _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out,
-            (out, do, delta, *out.stride(), *do.stride(), out.shape[1], out.shape[2]),
-            {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "BLOCK_M": configs.PREPROCESS_BLOCK_M})
+    _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out, (out, do, delta), (),
+            (*out.stride(), *do.stride(), out.shape[1], out.shape[2]),
+            lambda: {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d),
+                     "BLOCK_M": configs.PREPROCESS_BLOCK_M}, direct)
 
 
-def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale):
+def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=False):
     N = q.shape[2]
-    _launch(tuner, "BLOCK_N1", "bwd dk/dv", q,
-            (q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
-             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-             q.shape[1], N, configs.n_bucket(N)), _meta(q))
+    _launch(tuner, "BLOCK_N1", "bwd dk/dv", q, (q, k, v, do, dk, dv, lse, delta),
+            (softmax_scale, softmax_scale * LOG2E),
+            (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+             q.shape[1], N, configs.n_bucket(N)), lambda: _meta(q), direct)
 
 
-def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale):
+def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale, direct=False):
     N = q.shape[2]
-    _launch(tuner, "BLOCK_M2", "bwd dq", q,
-            (q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
-             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-             q.shape[1], N, configs.n_bucket(N)), _meta(q))
+    _launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, dq, lse, delta), (softmax_scale, softmax_scale * LOG2E),
+            (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), q.shape[1], N, configs.n_bucket(N)),
+            lambda: _meta(q), direct)
 
 
 def _empty_out(q: torch.Tensor) -> torch.Tensor:
@@ -145,41 +127,42 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
     return torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)
 
 
-def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+         direct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, N, d = q.shape
     out = _empty_out(q)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # (B, H, N), natural log
-    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale)
+    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale, direct)
     return out, lse
 
 
-def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv) -> None:
+def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct: bool = False) -> None:
     """Write dq, dk, dv (preallocated, any strides) for one backward pass."""
     B, H, N, d = q.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
-    launch_preprocess(out, do, delta)
+    launch_preprocess(out, do, delta, direct)
     cls = configs.head_dim_class(d)
-    launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale)
-    launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale)
+    launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale, direct)
+    launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale, direct)
 
 
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         softmax_scale: float, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # (B, H, N, d)
-    _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv)
+    _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct)
     return dq, dk, dv
 
 
-def _fwd_qkvpacked(qkv: torch.Tensor, softmax_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd(*split_qkv(qkv), softmax_scale)
+def _fwd_qkvpacked(qkv: torch.Tensor, softmax_scale: float, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd(*split_qkv(qkv), softmax_scale, direct)
 
 
 def _bwd_qkvpacked(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   softmax_scale: float) -> torch.Tensor:
+                   softmax_scale: float, direct: bool = False) -> torch.Tensor:
     """The gradient of a packed ``(B, N, 3, H, d)`` qkv, written in place by the dq and dk/dv
     kernels: no stack of three separate gradients follows (it costs a 3·B·N·D copy and buffer)."""
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)  # (B, N, 3, H, d)
-    _bwd_into(do, *split_qkv(qkv), out, lse, softmax_scale, *split_qkv(dqkv))
+    _bwd_into(do, *split_qkv(qkv), out, lse, softmax_scale, *split_qkv(dqkv), direct)
     return dqkv
 
 
@@ -200,20 +183,28 @@ def _bwd_qkvpacked_fake(do, qkv, out, lse, softmax_scale):
     return qkv.new_empty(qkv.shape)
 
 
+def _op_signature(fn):
+    """``fn`` as the op sees it: the same annotated arguments without ``direct``."""
+    def body(*args):
+        return fn(*args)
+
+    sig = inspect.signature(fn)
+    body.__signature__ = sig.replace(parameters=[p for n, p in sig.parameters.items() if n != "direct"])
+    body.__name__ = fn.__name__
+    return body
+
+
 def _register(name, fn, fake, opaque=False):
     """A ``triton_op`` (compile sees the kernels), or an opaque ``custom_op`` with an explicit fake
     implementation: under the interpreter, which ``wrap_triton`` cannot trace, and where ``opaque``.
-    An opaque op launches its kernels directly, as a ``triton_op`` does when it runs eagerly."""
+    An opaque op launches its kernels directly (``direct=True``), as a ``triton_op`` does when it runs eagerly."""
+    traced = _op_signature(fn)
     if configs.INTERPRETED or opaque:
-        def direct(*args):
-            with _direct():
-                return fn(*args)
-
-        op = torch.library.custom_op(name, direct, mutates_args=(),
-                                     schema=torch.library.infer_schema(fn, mutates_args=()))
+        op = torch.library.custom_op(name, lambda *args: fn(*args, direct=True), mutates_args=(),
+                                     schema=torch.library.infer_schema(traced, mutates_args=()))
         op.register_fake(fake)
         return op
-    return triton_op(name, mutates_args=())(fn)
+    return triton_op(name, mutates_args=())(traced)
 
 
 _fwd_op = _register("vit_flash::fwd", _fwd, _fwd_fake)
@@ -268,8 +259,7 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, softmax_scale):
-        with _direct():
-            out, lse = _fwd(q, k, v, softmax_scale)
+        out, lse = _fwd(q, k, v, softmax_scale, direct=True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale = softmax_scale
         return out  # (B, H, N, d)
@@ -278,8 +268,7 @@ class EagerAttention(torch.autograd.Function):
     @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
         q, k, v, out, lse = ctx.saved_tensors
-        with _direct():
-            dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale)
+        dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale, direct=True)
         return dq, dk, dv, None
 
 
@@ -289,8 +278,7 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, softmax_scale):
-        with _direct():
-            out, lse = _fwd_qkvpacked(qkv, softmax_scale)
+        out, lse = _fwd_qkvpacked(qkv, softmax_scale, direct=True)
         ctx.save_for_backward(qkv, out, lse)
         ctx.softmax_scale = softmax_scale
         return out  # (B, H, N, d)
@@ -299,7 +287,6 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
     @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
         qkv, out, lse = ctx.saved_tensors
-        with _direct():
-            dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale)
+        dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale, direct=True)
         return dqkv, None  # (B, N, 3, H, d)
 
