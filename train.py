@@ -285,7 +285,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
         last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
         state.epoch, state.step_in_epoch = epoch + 1, 0
-        logger.log({**prefixed("val/", last_val), **prefixed("val_ema/", last_ema), "epoch": state.epoch,
+        logger.log({**prefixed("val/", last_val), **prefixed("val/ema_", last_ema), "epoch": state.epoch,
                     "data/bad_files": data.num_bad()}, step=state.step,
                    prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
         history.append({"epoch": state.epoch, "train_loss": train_loss,

@@ -3,7 +3,8 @@ graph breaks, activation checkpointing, pos_embed resizing at ViT sizes, and the
 
 The torchrun runs train 1 epoch of digits (44 steps of the global batch 32) and log every step to
 ``metrics.jsonl``; the per-step losses of 2 processes × 2 micro-batches of 8 images (gradient
-accumulation, reduced over ranks once a step) must match 1 process × 32 images.
+accumulation, reduced over ranks once a step) must match 1 process × 32 images. Every run keeps an EMA of
+the weights (``ema=on``), which must match too: a plain copy per rank under DDP, sharded like the model under FSDP.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def run_train(out_dir: Path, digits: Path, nproc: int, *overrides: str) -> list[
     """Run train.py (under torchrun when nproc > 1) in a subprocess; return its metrics.jsonl records."""
     launcher = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--standalone"] if nproc > 1 else [sys.executable]
     args = ["epochs=1", "device=cpu", "model=debug", "data=digits", f"data.root={digits}", "attention=naive", "logger=none",
-            "progress=false", "log_every=1", f"out_dir={out_dir}", "batch_size=32", *overrides]
+            "progress=false", "log_every=1", f"out_dir={out_dir}", "batch_size=32", "ema=on", "ema.decay=0.9",
+            *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     proc = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=out_dir.parent, env=env,
                           capture_output=True, text=True, timeout=240, check=False)
@@ -68,6 +70,8 @@ def test_two_gloo_processes_match_one_process(runs, mode):
     # measured: max relative difference 2.1e-7 (DDP and FSDP) over the 44 steps
     assert two == pytest.approx(one, rel=1e-4)
     assert val(runs[mode])["val/loss"] == pytest.approx(val(runs["one"])["val/loss"], rel=1e-4)
+    assert val(runs[mode])["val/ema_loss"] == pytest.approx(val(runs["one"])["val/ema_loss"], rel=1e-4)
+    assert val(runs[mode])["val/ema_loss"] != val(runs[mode])["val/loss"]
     summary = json.loads((runs["tmp"] / mode / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == mode and summary["micro_batch"] == 8
     assert not (runs["tmp"] / mode / "wandb").exists()
@@ -80,6 +84,7 @@ def test_fsdp_checkpoint_is_a_full_state_dict_that_loads_on_one_process(runs):
     for k, v in one["model"].items():
         assert type(fsdp["model"][k]) is torch.Tensor and fsdp["model"][k].shape == v.shape
         assert torch.allclose(fsdp["model"][k], v, atol=1e-3), k
+        assert type(fsdp["ema"][k]) is torch.Tensor and torch.allclose(fsdp["ema"][k], one["ema"][k], atol=1e-3), k
     assert fsdp["optimizer"]["param_groups"] == one["optimizer"]["param_groups"]
     for i, s in one["optimizer"]["state"].items():
         assert torch.allclose(fsdp["optimizer"]["state"][i]["exp_avg_sq"], s["exp_avg_sq"], rtol=1e-3, atol=1e-12)
@@ -96,6 +101,7 @@ def test_fsdp_resumes_a_one_process_checkpoint_mid_epoch(runs):
     resumed = losses(runs["fsdp_resume"])
     assert len(resumed) == 22
     assert resumed == pytest.approx(losses(runs["one"])[22:], rel=1e-4)
+    assert val(runs["fsdp_resume"])["val/ema_loss"] == pytest.approx(val(runs["one"])["val/ema_loss"], rel=1e-4)
 
 
 def test_one_output_dir_and_rank0_checkpoints(runs):

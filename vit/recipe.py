@@ -14,7 +14,8 @@ timm's implementations, wired here (the loop in vit/engine.py calls :class:`Reci
   reported, since against mixed targets it would not be one.
 - **EMA of the weights** (as DeiT's ``--model-ema``): ``timm.utils.ModelEmaV3`` over the plain model's
   state dict, updated after every optimizer step that ran (a skipped non-finite step leaves it),
-  with ``step`` = optimizer steps so far (timm's train.py: the first update copies the weights).
+  with ``step`` = optimizer steps so far (timm's train.py: the first update copies the weights);
+  validated every epoch beside the raw model (``val/ema_loss``, ``val/ema_top1``, ``val/ema_top5``).
   It is made from the plain model before DDP/FSDP/compile; under ``strategy=fsdp`` it is sharded the
   same way (``fully_shard`` per block), so every rank averages its own shard. Checkpoints hold it under
   ``"ema"`` (a full state dict); ``eval.py use_ema=true`` evaluates it.
@@ -145,14 +146,14 @@ class Recipe:
             self.ema.update(unwrap(model), step=step)
 
     def evaluate_ema(self, loader, device: torch.device, amp_dtype, reduce) -> dict:
-        """:func:`vit.engine.evaluate`'s metrics for the EMA weights, or ``{}`` without EMA. Under FSDP the EMA is
-        resharded after it (a forward without backward leaves the root's parameters gathered)."""
+        """Loss, top-1 and top-5 (%) of the EMA weights (:func:`vit.engine.evaluate`), or ``{}`` without EMA.
+        Under FSDP the EMA is resharded after (a forward without backward leaves the root's parameters gathered)."""
         if self.ema is None:
             return {}
         metrics = evaluate(self.ema.module, loader, device, amp_dtype, reduce=reduce)
         if hasattr(self.ema.module, "reshard"):
             self.ema.module.reshard()
-        return metrics
+        return {k: metrics[k] for k in ("loss", "top1", "top5")}
 
     def ema_state_dict(self) -> dict:
         """``{"ema": full state dict}`` for a checkpoint, or ``{}``; a collective under FSDP (all ranks call it)."""
