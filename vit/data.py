@@ -276,15 +276,22 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     return Data(train, val, train_set.classes, sampler, seeded)
 
 
-def build_eval_data(cfg, batch_size: int, device, seed: int = 0) -> tuple[object, list[str]]:
-    """(val loader, class names) for a ``data`` config; only the val split is read."""
+def build_eval_data(cfg, batch_size: int, device, seed: int = 0, num_replicas: int = 1,
+                    rank: int = 0) -> tuple[object, list[str]]:
+    """(val loader, class names) for a ``data`` config; only the val split is read.
+
+    With ``num_replicas`` processes, rank ``rank`` gets the share :func:`build_data`'s validation
+    gives it: every ``num_replicas``-th image from ``rank`` (no padding, so summed counts are exact),
+    or for synthetic data its share of ``val_samples`` from its own seed.
+    """
     if cfg.name == "synthetic":
-        loader = SyntheticLoader(cfg.val_samples, batch_size, cfg.img_size, cfg.num_classes, device, seed + 1,
+        share = cfg.val_samples // num_replicas + (rank < cfg.val_samples % num_replicas)
+        loader = SyntheticLoader(share, batch_size, cfg.img_size, cfg.num_classes, device, seed + 2 * rank + 1,
                                  drop_last=False)
         return loader, [str(i) for i in range(cfg.num_classes)]
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
                                 **folder_options(cfg))
-    loader = DataLoader(val_set, batch_size=batch_size, shuffle=False, num_workers=cfg.num_workers,
-                        pin_memory=torch.device(device).type == "cuda", collate_fn=collate_drop_bad,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(val_set, batch_size=batch_size, sampler=range(rank, len(val_set), num_replicas),
+                        num_workers=cfg.num_workers, pin_memory=torch.device(device).type == "cuda",
+                        collate_fn=collate_drop_bad, generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes

@@ -241,3 +241,21 @@ def check_same_classes(train_ds: ImageFolder, val_ds: ImageFolder) -> None:
             f"only in train: {sorted(train - val)[:20]}, only in val: {sorted(val - train)[:20]} "
             f"({len(train - val)} and {len(val - train)} in all). Give both splits the same class folders "
             f"(an empty class folder is an error too); expected {LAYOUT}")
+
+
+def class_difference(a: list[str], b: list[str], a_name: str = "a", b_name: str = "b", limit: int = 20) -> str:
+    """How class lists ``a`` and ``b`` differ, for error messages; ``""`` when they are equal.
+
+    Names the classes only in each (at most ``limit`` of each, with the totals), or, for the same
+    names in another order, the first index where the label order differs.
+    """
+    if list(a) == list(b):
+        return ""
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    if not only_a and not only_b:
+        i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if i is None:
+            return f"the same names, {len(a)} entries in {a_name} and {len(b)} in {b_name}"
+        return f"the same {len(a)} names in another order (label {i} is {a[i]!r} in {a_name}, {b[i]!r} in {b_name})"
+    return (f"only in {a_name}: {only_a[:limit]}{' ...' if len(only_a) > limit else ''} ({len(only_a)}), "
+            f"only in {b_name}: {only_b[:limit]}{' ...' if len(only_b) > limit else ''} ({len(only_b)})")
