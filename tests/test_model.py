@@ -68,3 +68,42 @@ def test_backends_give_same_logits_and_grads():
         outs.append((out.detach(), model.blocks[0].attn.qkv.weight.grad.clone()))
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-5)
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-4, rtol=1e-4)
+
+
+def test_global_avg_pool_and_sincos2d_match_timm_and_big_vision():
+    """global_pool=avg + pos_embed=sincos2d: timm's avg-pooled ViT without class token loads our state dict
+    strictly and gives the same logits; the fixed embedding is big_vision's posemb_sincos_2d formula."""
+    import math
+
+    from vit.model import posemb_sincos_2d
+
+    torch.manual_seed(0)
+    ours = create_model("small", img_size=64, patch_size=16, num_classes=10, global_pool="avg",
+                        pos_embed="sincos2d").eval()
+    ref = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, num_classes=10,
+                            global_pool="avg", class_token=False, fc_norm=False).eval()
+    ref.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert (ours(x) - ref(x)).abs().max().item() <= 1e-5
+    assert "cls_token" not in ours.state_dict() and ours.seq_len == 16 and not ours.pos_embed.requires_grad
+    pe = posemb_sincos_2d(4, 4, 384)[0]  # patch (row 2, col 3), feature i of each quarter
+    omega = [10_000 ** (-i / 95) for i in (0, 50, 95)]
+    for i, w in zip((0, 50, 95), omega):
+        assert pe[2 * 4 + 3, i].item() == pytest.approx(math.sin(3 * w), abs=1e-6)  # sin(x·ω)
+        assert pe[2 * 4 + 3, 96 + i].item() == pytest.approx(math.cos(3 * w), abs=1e-6)  # cos(x·ω)
+        assert pe[2 * 4 + 3, 192 + i].item() == pytest.approx(math.sin(2 * w), abs=1e-6)  # sin(y·ω)
+        assert pe[2 * 4 + 3, 288 + i].item() == pytest.approx(math.cos(2 * w), abs=1e-6)  # cos(y·ω)
+    assert torch.equal(ours.pos_embed, posemb_sincos_2d(4, 4, 384))
+    bigger = create_model("small", img_size=96, patch_size=16, num_classes=10, global_pool="avg", pos_embed="sincos2d")
+    load_model_weights(bigger, ours.state_dict())  # another grid: the fixed embedding is recomputed, not resampled
+    assert torch.equal(bigger.pos_embed, posemb_sincos_2d(6, 6, 384))
+    assert torch.equal(bigger.blocks[1].mlp.fc2.weight, ours.blocks[1].mlp.fc2.weight)
+
+
+def test_learned_pos_embed_without_class_token_resizes_the_whole_grid():
+    src = create_model("debug", img_size=32, patch_size=4, num_classes=10, global_pool="avg")
+    dst = create_model("debug", img_size=48, patch_size=4, num_classes=10, global_pool="avg")
+    load_model_weights(dst, src.state_dict())
+    assert dst.pos_embed.shape == (1, 144, SIZES["debug"]["embed_dim"])
+    assert torch.allclose(dst.pos_embed[0, 0], src.pos_embed[0, 0], atol=0.02)  # corner stays near the corner

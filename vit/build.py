@@ -184,7 +184,8 @@ def model_args(cfg, num_classes: int) -> dict:
     """Arguments of :func:`vit.model.create_model` from a config; stored in checkpoints."""
     m = cfg.model
     return {"size": m.size, "img_size": cfg.data.img_size, "patch_size": m.patch_size, "num_classes": num_classes,
-                "drop_rate": m.drop_rate, "drop_path_rate": m.drop_path_rate}
+            "drop_rate": m.drop_rate, "drop_path_rate": m.drop_path_rate,
+            "global_pool": m.get("global_pool", "token"), "pos_embed": m.get("pos_embed", "learn")}
 
 
 def build_model(args: dict, backend: str) -> VisionTransformer:

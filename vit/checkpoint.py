@@ -165,7 +165,8 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
     """Copy ``state_dict`` into ``model`` strictly, resizing ``pos_embed`` to the model's grid.
 
     The position embedding of another image size is resampled bicubically (timm's
-    ``resample_abs_pos_embed``), so a 224 px checkpoint fine-tunes at 384 px.
+    ``resample_abs_pos_embed``), so a 224 px checkpoint fine-tunes at 384 px; a fixed one
+    (``pos_embed='sincos2d'``, not trained) is the model's own, computed for its grid.
 
     Raises:
         RuntimeError: missing or unexpected keys, or other shape mismatches (another model size);
@@ -178,10 +179,15 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
     pos = state_dict.get("pos_embed")
     want = own.get("pos_embed")
     if pos is not None and want is not None and pos.shape != want.shape and pos.shape[-1] == want.shape[-1]:
-        old_grid, new_grid = int((pos.shape[1] - 1) ** 0.5), int((want.shape[1] - 1) ** 0.5)
-        state_dict["pos_embed"] = resample_abs_pos_embed(pos, [new_grid, new_grid], [old_grid, old_grid],
-                                                         num_prefix_tokens=1, interpolation="bicubic")
-        print(f"[checkpoint] resized pos_embed from a {old_grid}×{old_grid} to a {new_grid}×{new_grid} patch grid")
+        prefix = getattr(model, "num_prefix_tokens", 1)  # the class token's row, kept as is
+        old_grid, new_grid = int((pos.shape[1] - prefix) ** 0.5), int((want.shape[1] - prefix) ** 0.5)
+        if not model.pos_embed.requires_grad:  # fixed sin-cos: the model's own for the new grid
+            state_dict["pos_embed"] = want
+        else:
+            state_dict["pos_embed"] = resample_abs_pos_embed(pos, [new_grid, new_grid], [old_grid, old_grid],
+                                                             num_prefix_tokens=prefix, interpolation="bicubic")
+        print(f"[checkpoint] {'resized' if model.pos_embed.requires_grad else 'recomputed the fixed'} pos_embed "
+              f"from a {old_grid}×{old_grid} to a {new_grid}×{new_grid} patch grid")
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
     mismatched = [f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"

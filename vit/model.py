@@ -5,8 +5,14 @@ strided convolution; a class token is prepended and a learned position embedding
 x ∈ R^(B×N×D) with N = (S/P)² + 1. Each of `depth` pre-norm blocks applies multi-head
 self-attention then an MLP, each with a residual. The class token's final state feeds a linear head.
 
-Parameter names and layout match timm's `VisionTransformer` (global_pool='token', no layer scale,
-no qk-norm), so a timm state dict loads with strict=True. The model knows nothing of kernels beyond
+`global_pool='avg'` drops the class token (N = (S/P)²) and averages the normed tokens instead, and
+`pos_embed='sincos2d'` fixes the position embedding to 2-D sin-cos features: the "Better plain ViT
+baselines" model (Beyer et al., 2022, big_vision `pool_type='gap'`, `posemb='sincos2d'`).
+
+Parameter names and layout match timm's `VisionTransformer` (no layer scale, no qk-norm), so a timm
+state dict loads with strict=True: `global_pool='token'` is timm's default, `'avg'` is timm's
+`global_pool='avg', class_token=False, fc_norm=False`; a sincos2d `pos_embed` is the same parameter,
+frozen (requires_grad=False). The model knows nothing of kernels beyond
 `kernels.get_attention_qkvpacked(name)`: the backend is a callable from the fused projection's
 (B, N, 3, H, d) qkv to a (B, H, N, d) output (the contract in `kernels`).
 """
@@ -28,6 +34,22 @@ SIZES: dict[str, dict[str, int]] = {
     "base": {"embed_dim": 768, "depth": 12, "num_heads": 12},
     "large": {"embed_dim": 1024, "depth": 24, "num_heads": 16},
 }
+
+
+def posemb_sincos_2d(h: int, w: int, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
+    """(1, h·w, dim) float32 fixed position embedding of an h×w patch grid, row-major: per patch
+    [sin(x·ω), cos(x·ω), sin(y·ω), cos(y·ω)] with ω_i = temperature^(-i / (dim/4 - 1)), i < dim/4.
+    big_vision's ``posemb_sincos_2d`` (models/vit.py; MoCo v3's), value for value.
+
+    Raises:
+        ValueError: ``dim`` is not a multiple of 4.
+    """
+    if dim % 4:
+        raise ValueError(f"pos_embed='sincos2d' needs embed_dim divisible by 4, got {dim}")
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4 - 1))
+    x, y = x.flatten()[:, None] * omega, y.flatten()[:, None] * omega  # (h·w, dim/4)
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()[None]
 
 
 class PatchEmbed(nn.Module):
@@ -118,20 +140,30 @@ class VisionTransformer(nn.Module):
         drop_rate: dropout after the position embedding and before the head.
         drop_path_rate: stochastic depth, linearly increasing over blocks to this value.
         attention: backend name from `kernels.available_backends()`.
+        global_pool: 'token' (class token -> head) or 'avg' (no class token; mean of the normed tokens).
+        pos_embed: 'learn' (trained, truncated-normal init) or 'sincos2d' (fixed, :func:`posemb_sincos_2d`).
 
     Raises:
         ValueError: img_size not divisible by patch_size, embed_dim not divisible by num_heads,
-            or an unknown attention backend.
+            an unknown attention backend, global_pool or pos_embed.
     """
 
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 768, depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0,
-                 drop_rate: float = 0.0, drop_path_rate: float = 0.0, attention: str = "naive"):
+                 drop_rate: float = 0.0, drop_path_rate: float = 0.0, attention: str = "naive",
+                 global_pool: str = "token", pos_embed: str = "learn"):
         super().__init__()
-        self.num_classes, self.embed_dim = num_classes, embed_dim
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool={global_pool!r}: use 'token' (class token) or 'avg' (mean of the tokens)")
+        if pos_embed not in ("learn", "sincos2d"):
+            raise ValueError(f"pos_embed={pos_embed!r}: use 'learn' or 'sincos2d' (fixed 2-D sin-cos)")
+        self.num_classes, self.embed_dim, self.global_pool, self.pos_embed_type = (num_classes, embed_dim,
+                                                                                  global_pool, pos_embed)
+        self.num_prefix_tokens = 1 if global_pool == "token" else 0
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if self.num_prefix_tokens else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim),
+                                      requires_grad=pos_embed == "learn")
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio, dpr[i], attention) for i in range(depth)])
@@ -141,8 +173,14 @@ class VisionTransformer(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.pos_embed_type == "learn":
+            trunc_normal_(self.pos_embed, std=0.02)
+        else:  # the class token's row, if any, stays 0 (big_vision adds the embedding before prepending it)
+            grid = self.patch_embed.img_size // self.patch_embed.patch_size
+            with torch.no_grad():
+                self.pos_embed[:, self.num_prefix_tokens:] = posemb_sincos_2d(grid, grid, self.embed_dim)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
@@ -160,15 +198,23 @@ class VisionTransformer(nn.Module):
     def seq_len(self) -> int:
         return self.pos_embed.shape[1]
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups (stem, then each block, then the final norm and head), as timm's
+        ``VisionTransformer.group_matcher``; ``timm.optim.param_groups_layer_decay`` reads it."""
+        return {"stem": r"^cls_token|pos_embed|patch_embed",
+                "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(x)  # (B, N-1, D)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D)
+        x = self.patch_embed(x)  # (B, (S/P)², D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, N, D)
         x = self.pos_drop(x + self.pos_embed)
         x = self.blocks(x)
         return self.norm(x)  # (B, N, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.forward_features(x)[:, 0]  # (B, D) class token
+        x = self.forward_features(x)
+        x = x[:, 0] if self.global_pool == "token" else x.mean(dim=1)  # (B, D): class token or mean of tokens
         return self.head(self.head_drop(x))  # (B, num_classes)
 
 
