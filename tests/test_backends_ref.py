@@ -32,6 +32,46 @@ def test_naive_matches_float64(N, d, dtype):
         assert max_err(g, r) <= bound, f"naive {name}: error {max_err(g, r):.3e} > {bound:.3e} (N={N}, d={d}, {dtype})"
 
 
+def sdpa_math(q, k, v, softmax_scale=None):
+    """SDPA pinned to its math backend, which computes bf16/fp16 inputs in float32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=softmax_scale)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "bf16-autocast"])
+@pytest.mark.parametrize("scale", [1.0, 100.0], ids=["logits~1", "logits~1e4"])
+def test_naive_is_as_exact_as_sdpa_math_in_bf16(scale, autocast):
+    """naive's output and gradient errors against float64 on the same bf16 inputs (ViT-B's N = 197, d = 64;
+    q and k of std ``scale``, so logits of order scale²) are within 1.5× SDPA math's, also under bf16
+    autocast. Measured before naive computed its scores in float32: 5.8× (out) at logits ~1, 415× at ~1e4."""
+    for seed in range(3):
+        q, k, v = make_qkv(2, 4, 197, 64, dtype=torch.bfloat16, seed=seed)
+        q, k = ((t.detach().float() * scale).bfloat16().requires_grad_() for t in (q, k))
+        ref, (rq, rk, rv) = reference_attention(q, k, v)
+        do = torch.randn_like(ref)
+        ref.backward(do)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the forward, as vit/engine.py runs it
+            out = get_attention("naive")(*leaves)
+        out.backward(do.to(out.dtype))
+        got = (out.detach(), *(t.grad for t in leaves))
+        peer = forward_backward(sdpa_math, q, k, v, do)
+        for name, g, b, r in zip(("out", "dq", "dk", "dv"), got, peer, (ref.detach(), rq.grad, rk.grad, rv.grad)):
+            assert g.dtype == torch.bfloat16
+            err, peer_err = max_err(g, r), max_err(b, r)
+            assert err <= 1.5 * peer_err + ERROR_FLOOR[torch.float32], (
+                f"naive {name}: error {err:.3e} > 1.5 × SDPA math's {peer_err:.3e} (scale {scale}, seed {seed})")
+
+
+def test_naive_keeps_float64():
+    q, k, v = make_qkv(1, 2, 65, 32, dtype=torch.float64, scale=10.0, requires_grad=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = get_attention("naive")(q, k, v)
+    assert out.dtype == torch.float64 and max_err(out, reference_attention(q, k, v)[0]) < 1e-12
+
+
 @pytest.mark.parametrize("N", SEQ_LENS)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
