@@ -1,16 +1,17 @@
 """CUDA C++ attention backend (kernels/cuda).
 
 CPU (CI): every mma.sync kernel source compiles with nvcc for sm_80 and sm_90a and the Hopper
-forward's for sm_90a; the SASS holds tensor-core instructions (HMMA for mma.sync; HGMMA, UTMALDG
-(TMA) and mbarrier waits for the Hopper forward) and ptxas reports no spills; the build's arch and
-source selection and the forward-path choice; the wrapper's input validation raises the documented
+kernels' for sm_90a; the SASS holds tensor-core instructions (HMMA for mma.sync; HGMMA, UTMALDG
+(TMA) and mbarrier waits for the Hopper kernels) and ptxas reports no spills; the build's arch and
+source selection and the kernel-path choice; the wrapper's input validation raises the documented
 errors before touching a GPU or the extension.
 GPU: forward and dq, dk, dv against float64 (error ≤ 2× naive's at the same dtype), awkward
-seq_len and head_dim, for both forwards (sm80 and, on compute capability 9.0, sm90), eager and
-torch.compile(fullgraph=True), strided inputs.
+seq_len and head_dim, for the mma.sync kernels and, on compute capability 9.0, the Hopper forward
+and backward; eager and torch.compile(fullgraph=True), strided inputs.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -47,7 +48,7 @@ def _cuobjdump() -> str | None:
 
 
 def _is_sm90(name: str) -> bool:
-    return name.startswith("fwd_sm90_")
+    return "_sm90_" in name
 
 
 def _sass(cubin) -> str:
@@ -59,7 +60,7 @@ def _sass(cubin) -> str:
 
 @pytest.fixture(scope="session")
 def cubins(tmp_path_factory):
-    """Compile every kernel source once per arch that runs it (the Hopper forward for sm_90a only):
+    """Compile every kernel source once per arch that runs it (the Hopper kernels for sm_90a only):
     {(arch, file name): (cubin path, ptxas report)}."""
     nvcc = build.find_nvcc()
     if nvcc is None:
@@ -97,7 +98,7 @@ def test_attention_sass_uses_tensor_cores(cubins, arch):
 def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     """The Hopper forward: per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared
     memory) and 8 for O += P V (A from registers, B transposed), TMA loads, mbarrier waits, setmaxnreg."""
-    names = [name for (_, name) in cubins if _is_sm90(name)]
+    names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
     for name in names:
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
@@ -111,6 +112,23 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{name}: no mbarrier wait in the SASS"
         assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{name}: no setmaxnreg"
         assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{name}: mma.sync or cp.async left in"
+
+
+def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
+    """The Hopper backward per 64-query step: Sᵀ and dPᵀ (2·D/16 HGMMA m64n64, K-major), dV and dK
+    (2·4 with A from registers, B transposed), dQ (4 with both operands transposed), TMA, REDG.F32x2."""
+    names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
+    assert len(names) == 4, names
+    for name in names:
+        d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
+        sass = _sass(cubins[("sm_90a", name)][0])
+        mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
+        assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * int(d) // 16, name
+        assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, name
+        assert len(re.findall(mma.format(d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB", sass)) == 4, name
+        assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, name
+        assert "REDG.E.ADD.F32x2" in sass, f"{name}: dQ is not accumulated with float2 atomics"
+        assert "HMMA.16816" not in sass, f"{name}: mma.sync in the Hopper backward"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -232,7 +250,7 @@ def test_sources_hold_the_hopper_forward_only_for_sm90a():
     def names(archs):
         return {s.name for s in build.sources(archs)}
 
-    hopper = {f"fwd_sm90_hdim{d}_{t}.cu" for d in (64, 128) for t in ("bf16", "fp16")}
+    hopper = {f"{p}_sm90_hdim{d}_{t}.cu" for p in ("fwd", "bwd") for d in (64, 128) for t in ("bf16", "fp16")}
     assert hopper <= names("8.0;9.0a") and hopper <= names("9.0a")
     assert not hopper & names("8.0") and not hopper & names("9.0+PTX")
     assert {"api.cpp", "fwd_hdim32_bf16.cu", "bwd_hdim128_fp16.cu"} <= names("8.0")
@@ -246,10 +264,15 @@ class _Ext:
 
 
 def _path(monkeypatch, setting, capability, head_dim=64, has_sm90=True):
+    """fwd_path and bwd_path under one setting (they must agree)."""
     monkeypatch.setattr(ops, "FWD_PATH", setting)
+    monkeypatch.setattr(ops, "BWD_PATH", setting)
     monkeypatch.setattr(ops, "_capability", lambda device: capability)
     monkeypatch.setattr(ops, "extension", lambda: _Ext(has_sm90))
-    return ops.fwd_path(torch.empty(1, 1, 1, head_dim, device="meta"))
+    q = torch.empty(1, 1, 1, head_dim, device="meta")
+    fwd = ops.fwd_path(q)
+    assert ops.bwd_path(q) == fwd
+    return fwd
 
 
 @pytest.mark.parametrize("capability, head_dim, expected", [
@@ -267,6 +290,14 @@ def test_forced_sm90_where_it_cannot_run_says_why(monkeypatch):
         _path(monkeypatch, "sm90", (9, 0), head_dim=32)
     with pytest.raises(ValueError, match="VIT_CUDA_FWD must be one of"):
         _path(monkeypatch, "hopper", (9, 0))
+    monkeypatch.setattr(ops, "BWD_PATH", "hopper")
+    with pytest.raises(ValueError, match="VIT_CUDA_BWD must be one of"):
+        ops.bwd_path(torch.empty(1, 1, 1, 64, device="meta"))
+
+
+def test_backward_defaults_to_mma_sync():
+    """Until the Hopper backward has passed the GPU tests it runs only when asked for."""
+    assert ops.BWD_PATH == "sm80" or "VIT_CUDA_BWD" in os.environ
 
 
 def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkeypatch):
@@ -286,40 +317,42 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.fixture(params=["sm80", "sm90"])
+@pytest.fixture(params=["sm80", "sm90-fwd", "sm90-fwd-bwd"])
 def fwd_path(request, monkeypatch):
-    """Runs the test once per forward; sm90 only on compute capability 9.0 GPUs."""
-    if request.param == "sm90" and not _is_hopper():
-        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
-    monkeypatch.setattr(ops, "FWD_PATH", request.param)
+    """Runs the test with the mma.sync kernels, the Hopper forward, and the Hopper forward and
+    backward; the last two only on compute capability 9.0 GPUs."""
+    if request.param != "sm80" and not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", "sm80" if request.param == "sm80" else "sm90")
+    monkeypatch.setattr(ops, "BWD_PATH", "sm90" if request.param == "sm90-fwd-bwd" else "sm80")
     return request.param
 
 
 _SM90_SMOKE = """
 import torch
 from kernels.cuda import attention, ops
-ops.FWD_PATH = "sm90"
+ops.FWD_PATH = ops.BWD_PATH = "sm90"
 for d in (64, 128):
-    q, k, v = (torch.randn(2, 3, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    attention(q, k, v)
+    q, k, v = (torch.randn(2, 3, 300, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    attention(q, k, v).sum().backward()
 torch.cuda.synchronize()
 print("finished")
 """
 
 
 @pytest.mark.gpu
-def test_sm90_forward_finishes(tmp_path):
-    """First of the sm90 tests: the kernel runs to the end in a child process, so that a pipeline
-    deadlock (an mbarrier never completing) fails here in 120 s instead of hanging the session."""
+def test_sm90_kernels_finish():
+    """First of the sm90 tests: forward and backward run to the end in a child process, so that a
+    pipeline deadlock (an mbarrier never completing) fails here in 120 s instead of hanging the session."""
     if not _is_hopper():
-        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
     try:
         proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE], cwd=root, capture_output=True, text=True,
                               timeout=120, check=False)
     except subprocess.TimeoutExpired:
-        pytest.fail("the sm90 forward did not finish within 120 s (deadlock in its TMA/mbarrier pipeline?)")
+        pytest.fail("the sm90 kernels did not finish within 120 s (deadlock in a TMA/mbarrier pipeline?)")
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr[-3000:]
 
 
@@ -329,9 +362,10 @@ def test_sm90_forward_finishes(tmp_path):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
-    """The mma.sync forward (forced, so it stays tested on Hopper too) and both backward tiles."""
+    """The mma.sync kernels (forced, so they stay tested on Hopper too) and both backward tiles."""
     monkeypatch.setattr(ops, "BWD_WARPS", bwd_warps)
     monkeypatch.setattr(ops, "FWD_PATH", "sm80")
+    monkeypatch.setattr(ops, "BWD_PATH", "sm80")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -341,11 +375,13 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-def test_sm90_matches_float64(seq_len, head_dim, dtype, monkeypatch):
-    """The Hopper forward (wgmma, TMA), then the backward from its out and lse."""
+@pytest.mark.parametrize("bwd", ["sm80", "sm90"])
+def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
+    """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse."""
     if not _is_hopper():
-        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
+    monkeypatch.setattr(ops, "BWD_PATH", bwd)
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -356,8 +392,9 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, monkeypatch):
 def test_sm90_size_one_batch_or_heads(B, H, N, monkeypatch):
     """Size-1 dimensions (whose strides the TMA descriptor never uses) and N on a tile boundary."""
     if not _is_hopper():
-        pytest.skip("the sm90 forward needs a compute capability 9.0 GPU (H100, H200)")
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
+    monkeypatch.setattr(ops, "BWD_PATH", "sm90")
     q, k, v = make_qkv(B, H, N, 64, dtype=torch.bfloat16, device="cuda")
     check_against_reference(attention, q, k, v)
 

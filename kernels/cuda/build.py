@@ -4,10 +4,10 @@
 it on later calls; it recompiles only when a source or flag changes. Targets: the present GPU's
 architecture when one is visible, else sm_80 and sm_90a; ``TORCH_CUDA_ARCH_LIST`` (e.g. ``8.0``)
 overrides both. Compute capability 9.0 is always built as ``9.0a`` (the same GPUs; the ``a`` adds
-wgmma, TMA and setmaxnreg), and only a build that has ``9.0a`` compiles the Hopper forward
-(``fwd_sm90_*.cu``) and defines ``VITK_SM90A``. Hand-written PTX: no CUTLASS headers are needed.
-``MAX_JOBS`` sets ninja's parallelism (one job per ``.cu``: 12 mma.sync instantiations, 4 Hopper
-ones, vector add, the host binding). Cache folder: ``$VIT_KERNELS_BUILD_DIR`` or
+wgmma, TMA and setmaxnreg), and only a build that has ``9.0a`` compiles the Hopper kernels
+(``fwd_sm90_*.cu``, ``bwd_sm90_*.cu``) and defines ``VITK_SM90A``. Hand-written PTX: no CUTLASS
+headers are needed. ``MAX_JOBS`` sets ninja's parallelism (one job per ``.cu``: 12 mma.sync
+instantiations, 8 Hopper ones, vector add, the host binding). Cache folder: ``$VIT_KERNELS_BUILD_DIR`` or
 ``~/.cache/vit-kernels/<torch>-cu<cuda>/``.
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ def has_sm90(arch_list_value: str) -> bool:
 
 def sources(arch_list_value: str | None = None) -> list[Path]:
     """The extension's translation units: host binding, vector add, one file per instantiation, and
-    the Hopper forward's when ``arch_list_value`` (default :func:`arch_list`) has 9.0a."""
+    the Hopper kernels' when ``arch_list_value`` (default :func:`arch_list`) has 9.0a."""
     arch_list_value = arch_list() if arch_list_value is None else arch_list_value
-    hopper = sorted(CSRC.glob("fwd_sm90_hdim*.cu")) if has_sm90(arch_list_value) else []
+    hopper = sorted(CSRC.glob("*_sm90_hdim*.cu")) if has_sm90(arch_list_value) else []
     return [CSRC / "api.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")),
             *sorted(CSRC.glob("bwd_hdim*.cu")), *hopper]
 
@@ -82,7 +82,7 @@ def build_dir() -> Path:
 
 @functools.cache
 def extension(verbose: bool = False):
-    """Compile if needed and import the extension module (``fwd``, ``fwd_sm90``, ``bwd``,
+    """Compile if needed and import the extension module (``fwd``, ``fwd_sm90``, ``bwd``, ``bwd_sm90``,
     ``vector_add``; ``has_sm90`` says whether the Hopper kernels were built).
 
     Raises:

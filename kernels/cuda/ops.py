@@ -2,7 +2,8 @@
 
 ``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` (the Hopper or the mma.sync forward,
 as :func:`fwd_path` picks at run time) and
-``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)``: raw launchers
+``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)`` (the
+Hopper or the mma.sync backward, as :func:`bwd_path` picks; bwd_warps is the mma.sync tile): raw launchers
 over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
 contiguous but out, which is ``(B, N, H, d)`` in memory; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
 Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
@@ -22,10 +23,12 @@ from .build import extension
 # H200, bf16, fwd+bwd: 8 warps 6.42 ms vs 4 warps 6.93 ms at (8, 12, 4096, 64); 1.37 ms both at
 # (256, 12, 197, 64) (benchmarks/results/cuda_h200.md). Override with VIT_CUDA_BWD_WARPS=4.
 BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "8"))
-# Forward kernels: "auto" (Hopper's wgmma/TMA kernel on compute capability 9.0 at head_dim 64 and
-# 128, else mma.sync), "sm80" (mma.sync everywhere) or "sm90" (Hopper's; an error where it cannot run).
+# Which kernels: "auto" (the Hopper wgmma/TMA kernels on compute capability 9.0 at head_dim 64 and
+# 128, else mma.sync), "sm80" (mma.sync everywhere) or "sm90" (Hopper's; an error where they cannot
+# run). The backward defaults to sm80 until the Hopper backward has passed the GPU tests.
 FWD_PATH = os.environ.get("VIT_CUDA_FWD", "auto")
-FWD_PATHS = ("auto", "sm80", "sm90")
+BWD_PATH = os.environ.get("VIT_CUDA_BWD", "sm80")
+PATHS = ("auto", "sm80", "sm90")
 SM90_HEAD_DIMS = (64, 128)
 
 
@@ -36,6 +39,29 @@ def _capability_of(index: int) -> tuple[int, int]:
 
 def _capability(device: torch.device) -> tuple[int, int]:
     return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _choose(setting: str, env: str, q: Tensor) -> str:
+    if setting not in PATHS:
+        raise ValueError(f"{env} must be one of {PATHS}, got {setting!r}")
+    if setting == "sm80":
+        return "sm80"
+    capability = _capability(q.device)
+    hopper = capability == (9, 0)
+    head_dim = q.shape[-1]
+    if setting == "auto" and not (hopper and head_dim in SM90_HEAD_DIMS):
+        return "sm80"
+    if not hopper:
+        raise RuntimeError(f"{env}=sm90 needs a compute capability 9.0 GPU (H100, H200), this one is "
+                           f"{capability[0]}.{capability[1]}; use {env}=auto or sm80")
+    if head_dim not in SM90_HEAD_DIMS:
+        raise ValueError(f"{env}=sm90 has kernels for head_dim {SM90_HEAD_DIMS}, got {head_dim}; "
+                         f"use {env}=auto (head_dim 32 runs the sm80 kernels)")
+    if not extension().has_sm90:
+        raise RuntimeError("this GPU is compute capability 9.0 but the CUDA extension was built without sm_90a "
+                           "kernels; unset TORCH_CUDA_ARCH_LIST or include 9.0 in it and rebuild, or set "
+                           f"{env}=sm80")
+    return "sm90"
 
 
 def fwd_path(q: Tensor) -> str:
@@ -50,26 +76,13 @@ def fwd_path(q: Tensor) -> str:
         RuntimeError: sm90 asked for on a GPU that is not compute capability 9.0, or the GPU is 9.0
             but the extension was built without sm_90a kernels (a TORCH_CUDA_ARCH_LIST without 9.0).
     """
-    if FWD_PATH not in FWD_PATHS:
-        raise ValueError(f"VIT_CUDA_FWD must be one of {FWD_PATHS}, got {FWD_PATH!r}")
-    if FWD_PATH == "sm80":
-        return "sm80"
-    capability = _capability(q.device)
-    hopper = capability == (9, 0)
-    head_dim = q.shape[-1]
-    if FWD_PATH == "auto" and not (hopper and head_dim in SM90_HEAD_DIMS):
-        return "sm80"
-    if not hopper:
-        raise RuntimeError("VIT_CUDA_FWD=sm90 needs a compute capability 9.0 GPU (H100, H200), this one is "
-                           f"{capability[0]}.{capability[1]}; use VIT_CUDA_FWD=auto or sm80")
-    if head_dim not in SM90_HEAD_DIMS:
-        raise ValueError(f"VIT_CUDA_FWD=sm90 has kernels for head_dim {SM90_HEAD_DIMS}, got {head_dim}; "
-                         "use VIT_CUDA_FWD=auto (head_dim 32 runs the sm80 forward)")
-    if not extension().has_sm90:
-        raise RuntimeError("this GPU is compute capability 9.0 but the CUDA extension was built without sm_90a "
-                           "kernels; unset TORCH_CUDA_ARCH_LIST or include 9.0 in it and rebuild, or set "
-                           "VIT_CUDA_FWD=sm80")
-    return "sm90"
+    return _choose(FWD_PATH, "VIT_CUDA_FWD", q)
+
+
+def bwd_path(q: Tensor) -> str:
+    """Which backward runs (csrc/bwd_sm90.cuh or csrc/bwd.cuh) under ``BWD_PATH`` (env
+    ``VIT_CUDA_BWD``, default sm80): the rules and errors of :func:`fwd_path`."""
+    return _choose(BWD_PATH, "VIT_CUDA_BWD", q)
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
@@ -89,7 +102,11 @@ def _(q, k, v, softmax_scale):
 def attn_bwd(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = extension().bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps)
+    ext = extension()
+    if bwd_path(q) == "sm90":
+        dq, dk, dv = ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale)
+    else:
+        dq, dk, dv = ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps)
     return dq, dk, dv
 
 

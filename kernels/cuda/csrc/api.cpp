@@ -102,22 +102,29 @@ std::vector<at::Tensor> fwd(at::Tensor q, at::Tensor k, at::Tensor v, double sof
   return fwd_impl(q, k, v, softmax_scale, false);
 }
 
-std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+// The Hopper kernels exist in this build and q is on a compute capability 9.0 GPU, else a clear error.
+void check_sm90(const at::Tensor &q) {
 #ifndef VITK_SM90A
   TORCH_CHECK(false, "this build of the extension has no sm_90a kernels: build with TORCH_CUDA_ARCH_LIST "
-              "containing 9.0 or 9.0a (kernels/cuda/build.py), or run the sm80 forward (VIT_CUDA_FWD=sm80)");
+              "containing 9.0 or 9.0a (kernels/cuda/build.py), or run the sm80 kernels (VIT_CUDA_FWD=sm80, "
+              "VIT_CUDA_BWD=sm80)");
 #endif
   int major = 0;
   TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
   check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()),
                "reading the compute capability");
-  TORCH_CHECK(major == 9, "the sm90 forward runs on compute capability 9.0 GPUs (H100, H200) only, this is ",
+  TORCH_CHECK(major == 9, "the sm90 kernels run on compute capability 9.0 GPUs (H100, H200) only, this is ",
               major, ".x");
+}
+
+std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
   return fwd_impl(q, k, v, softmax_scale, true);
 }
 
-std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                            at::Tensor lse, double softmax_scale, int64_t bwd_warps) {
+// sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's.
+std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                 at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -128,6 +135,10 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
   TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
   const c10::cuda::CUDAGuard guard(q.device());
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
+  if (sm90) {
+    TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 backward has kernels for head_dim 64 and 128, got 32");
+    q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
+  }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
   lse = lse.contiguous();
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
@@ -146,9 +157,28 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
   p.bwd_warps = static_cast<int>(bwd_warps);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
-    check_launch(vitk::run_bwd<decltype(dt)::value, decltype(hd)::value>(p, stream), "attention backward");
+    constexpr int DT = decltype(dt)::value, D = decltype(hd)::value;
+    if (!sm90) return check_launch(vitk::run_bwd<DT, D>(p, stream), "attention backward");
+#ifdef VITK_SM90A
+    if constexpr (D != 32) {
+      const char *what = "";
+      const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what);
+      TORCH_CHECK(err == cudaSuccess, "attention backward (sm90): ", what, " failed: ", cudaGetErrorString(err));
+    }
+#endif
   });
   return {dq_accum.to(q.scalar_type()), dk, dv};
+}
+
+std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                            at::Tensor lse, double softmax_scale, int64_t bwd_warps) {
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false);
+}
+
+std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                 at::Tensor lse, double softmax_scale) {
+  check_sm90(q);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true);
 }
 
 at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
@@ -167,7 +197,7 @@ at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync), a Hopper forward (wgmma, TMA) and the vector-add example";
+  m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync), Hopper kernels (wgmma, TMA) and the vector-add example";
   m.def("fwd", &fwd, "attention forward, mma.sync (sm_80+): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
 #ifdef VITK_SM90A
@@ -175,6 +205,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_sm90") = false;
 #endif
-  m.def("bwd", &bwd, "attention backward: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
+  m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
+  m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

@@ -127,9 +127,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T *Qw = Qs + w * 64 * 64;  // this warpgroup's rows inside every 64-column block
   const float sl2 = p.softmax_scale * kLog2e;
-  float s[NS], o[NO];
-#pragma unroll
-  for (int i = 0; i < NS; ++i) s[i] = 0.f;
+  float o[NO];
 #pragma unroll
   for (int i = 0; i < NO; ++i) o[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
@@ -140,13 +138,14 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     const int st = j % S;
     const uint32_t parity = (j / S) & 1;
     const T *Kb = Ks + st * BN * D, *Vb = Vs + st * BN * D;
+    float s[NS] = {};  // fresh each tile: kept across the loop it would stay live through P·V
     mbar_wait(&bar.k_full[st], parity);
     fence_operands(s);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
       const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n128<DTYPE>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
+      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -245,13 +244,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // 4-D map (head_dim, N, H, B) of a (B, H, N, head_dim) tensor; boxes of 64 columns x `rows` rows,
-// 128-byte swizzle, zero fill past N. Strides in bytes must be multiples of 16 (api.cpp ensures it);
-// a size-1 dimension's stride is never used, so 0 there is replaced by 16.
+// 128-byte swizzle, zero fill past N. Strides in bytes must be multiples of 16 (api.cpp's tma_ready
+// ensures it); a size-1 dimension's stride is never used and may be anything in torch, so it is 16 here.
 inline bool encode_tensor_map(CUtensorMap *map, const void *ptr, const Strides &st, int B, int H, int N, int D,
                               int rows, bool bf16) {
-  auto bytes = [](int64_t s) { return static_cast<cuuint64_t>(s > 0 ? s * 2 : 16); };
+  auto bytes = [](int64_t stride, int size) { return static_cast<cuuint64_t>(size > 1 ? stride * 2 : 16); };
   const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
-  const cuuint64_t strides[3] = {bytes(st.row), bytes(st.head), bytes(st.batch)};
+  const cuuint64_t strides[3] = {bytes(st.row, N), bytes(st.head, H), bytes(st.batch, B)};
   const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, unit[4] = {1, 1, 1, 1};
   return tensor_map_encoder()(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                               const_cast<void *>(ptr), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -37,9 +37,10 @@ struct BwdParams {
 // One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
 template <int DTYPE, int D> cudaError_t run_fwd(const FwdParams &p, cudaStream_t stream);
 template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t stream);
-// Hopper forward (fwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
+// Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
 template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what);
+template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what);
 cudaError_t run_vector_add(const float *a, const float *b, float *c, int64_t n, cudaStream_t stream);
 
 }  // namespace vitk

@@ -70,6 +70,16 @@ template <int REGS> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
+// Barrier among the `THREADS` threads (a multiple of 32) that use named barrier ID (1..15; 0 is
+// __syncthreads'); with 128 threads, a warpgroup-local __syncthreads.
+template <int ID, int THREADS> __device__ __forceinline__ void named_barrier_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+// Orders this thread's ordinary shared-memory stores before later reads by the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // --- wgmma ---
 
 // Descriptor of a 128B-swizzled tile at `smem` (address bits [4, 18) -> bits [0, 14)), with
@@ -107,8 +117,27 @@ template <int N> __device__ __forceinline__ void fence_operands(float (&r)[N]) {
 // Accumulator layout per thread (warp w of the warpgroup, lane = 4g + t), for n8-tile i:
 //   d[4i], d[4i+1] = (row 16w + g, cols 8i + 2t, +1);  d[4i+2], d[4i+3] = (row 16w + g + 8, same cols),
 // i.e. mma.sync's m16n8 C fragment repeated over N/8 tiles. A from registers (RS) uses mma.sync's
-// m16n8k16 A fragment for the warp's 16 rows. SS: both operands K-major (no transpose). RS: B is
-// MN-major (transpose flag 1). The operand lists are spelled out: wgmma takes N/2 accumulators.
+// m16n8k16 A fragment for the warp's 16 rows. SS: TA/TB = 1 for an MN-major A/B (0: K-major).
+// RS: B is MN-major (transpose flag 1). The operand lists are spelled out: wgmma takes N/2
+// accumulators.
+
+#define VITK_WGMMA_SS_N64(TY) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "%32, %33, p, 1, 1, %35, %36;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
+template <int DTYPE, int TA, int TB>
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (DTYPE == kBFloat16) VITK_WGMMA_SS_N64("bf16"); else VITK_WGMMA_SS_N64("f16");
+}
+#undef VITK_WGMMA_SS_N64
 
 #define VITK_WGMMA_SS_N128(TY) \
   asm volatile( \
@@ -118,7 +147,7 @@ template <int N> __device__ __forceinline__ void fence_operands(float (&r)[N]) {
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-      "%64, %65, p, 1, 1, 0, 0;\n}\n" \
+      "%64, %65, p, 1, 1, %67, %68;\n}\n" \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
@@ -127,8 +156,8 @@ template <int N> __device__ __forceinline__ void fence_operands(float (&r)[N]) {
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-template <int DTYPE>
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB))
+template <int DTYPE, int TA, int TB>
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   if constexpr (DTYPE == kBFloat16) VITK_WGMMA_SS_N128("bf16"); else VITK_WGMMA_SS_N128("f16");
 }

@@ -1,0 +1,309 @@
+// Hopper backward (sm_90a): FlashAttention-2's Algorithm 2 (as bwd.cuh) on the forward's Hopper
+// machinery (fwd_sm90.cuh: TMA, wgmma, a producer warpgroup, mbarriers). Opt-in (VIT_CUDA_BWD=sm90)
+// until it has passed the GPU tests.
+//
+// CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
+// keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
+// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer:
+//   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − delta)·scale, in registers (masked)
+//   dV += Pᵀ dO, dK += dSᵀ Q         wgmma m64nDk16, A = Pᵀ / dSᵀ from registers, B MN-major
+//   dSᵀ -> shared memory (128B-swizzled by hand, as TMA would), then
+//   dQ_w = dS K_w                     wgmma m64nDk16, A = dS (MN-major: dSᵀ's rows are keys), B = K_w
+//                                     MN-major, over this warpgroup's 64 keys only
+//   dq_accum += dQ_w with float32 atomics (REDG.F32x2), so both consumers add to the same rows:
+//   twice the atomics of a 128-key split, and dq is not bitwise reproducible (dk, dv are).
+// delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
+#pragma once
+#include <cuda.h>
+#include "bwd.cuh"
+#include "fwd_sm90.cuh"
+
+namespace vitk {
+
+template <int D> struct BwdSm90Traits {
+  static_assert(D == 64 || D == 128, "the sm90 backward has kernels for head_dim 64 and 128");
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockN = 64 * kConsumers;  // keys per CTA
+  static constexpr int kBlockM = 64;               // query rows per step
+  static constexpr int kStages = 2;
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kKVBytes = kBlockN * D * 2;   // K or V
+  static constexpr int kTileBytes = kBlockM * D * 2; // one Q or dO stage
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;
+  static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kTileBytes + kDSBytes + 1024;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+template <int STAGES> struct BwdSm90Barriers {
+  uint64_t kv_full, qd_full[STAGES], qd_empty[STAGES];
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <typename Tr, typename T>
+__device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                                 const CUtensorMap *tm_v, const CUtensorMap *tm_do, T *Ks, T *Vs,
+                                                 T *Qs, T *dOs, BwdSm90Barriers<Tr::kStages> &bar, int n0, int h,
+                                                 int b, int m_blocks) {
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
+  mbar_arrive_expect_tx(&bar.kv_full, 2 * Tr::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Tr::kColBlocks; ++c) {
+    tma_load_4d(Ks + c * BN * 64, tm_k, &bar.kv_full, 64 * c, n0, h, b);
+    tma_load_4d(Vs + c * BN * 64, tm_v, &bar.kv_full, 64 * c, n0, h, b);
+  }
+  for (int i = 0; i < m_blocks; ++i) {
+    const int s = i % S;
+    mbar_wait(&bar.qd_empty[s], ((i / S) & 1) ^ 1);
+    mbar_arrive_expect_tx(&bar.qd_full[s], 2 * Tr::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kColBlocks; ++c) {
+      tma_load_4d(Qs + s * BM * D + c * BM * 64, tm_q, &bar.qd_full[s], 64 * c, i * BM, h, b);
+      tma_load_4d(dOs + s * BM * D + c * BM * 64, tm_do, &bar.qd_full[s], 64 * c, i * BM, h, b);
+    }
+  }
+}
+
+// Pᵀ and dSᵀ of one 64-key x 64-query tile in place (s -> Pᵀ, dp -> dSᵀ), zero past N. Thread's
+// element 4c + 2r + u: key `key` + 8r, query m0 + 8c + 2t + u; lse and delta are read once per query.
+__device__ __forceinline__ void bwd_sm90_softmax_grad(float (&s)[32], float (&dp)[32], const float *lse,
+                                                      const float *delta, float sl2, float scale, int m0, int key,
+                                                      int N, int t) {
+  const bool key_ok[2] = {key < N, key + 8 < N};
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int m = m0 + 8 * c + 2 * t + u;
+      const bool ok = m < N;
+      const float l2 = ok ? lse[m] * kLog2e : 0.f, dl = ok ? delta[m] : 0.f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * c + 2 * r + u;
+        const float pv = ok && key_ok[r] ? exp2f(fmaf(s[i], sl2, -l2)) : 0.f;
+        s[i] = pv;
+        dp[i] = pv * (dp[i] - dl) * scale;
+      }
+    }
+}
+
+// dSᵀ (this warpgroup's 64 keys x 64 queries) into shared memory, rows = keys, 128-byte rows with the
+// 128B swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the MN-major descriptor expects.
+// Input: the packed A fragments sa[kk] (kk = 16-query step; e = 0..3: rows g, g+8 of n8-tile 2kk, then
+// of tile 2kk+1), so n8-tile i, row half r is sa[i / 2][2 (i % 2) + r].
+__device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa)[4][4], int warp, int g, int t) {
+  unsigned char *base = static_cast<unsigned char *>(dSw);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * warp + g + 8 * r;
+      *reinterpret_cast<uint32_t *>(base + row * 128 + ((i ^ (row & 7)) << 4) + 4 * t) = sa[i / 2][2 * (i % 2) + r];
+    }
+}
+
+// Named barrier 1 + w: the 128 threads of consumer warpgroup w (a constant id keeps it out of a register).
+__device__ __forceinline__ void warpgroup_sync(int w) {
+  if (w == 0) named_barrier_sync<1, 128>();
+  else named_barrier_sync<2, 128>();
+}
+
+template <int DTYPE, int D> __device__ __forceinline__ void wgmma_rs_d(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (D == 64) wgmma_rs_n64<DTYPE>(acc, a, b, 1);
+  else wgmma_rs_n128<DTYPE>(acc, a, b, 1);
+}
+template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float (&acc)[D / 2], uint64_t a, uint64_t b, int scale_d) {
+  if constexpr (D == 64) wgmma_ss_n64<DTYPE, 1, 1>(acc, a, b, scale_d);
+  else wgmma_ss_n128<DTYPE, 1, 1>(acc, a, b, scale_d);
+}
+
+template <int DTYPE, int D>
+__device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
+                                                 const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
+                                                 const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
+                                                 BwdSm90Barriers<BwdSm90Traits<D>::kStages> &bar, int w, int tid,
+                                                 int n0, int h, int b, int m_blocks) {
+  using T = typename Elem<DTYPE>::T;
+  using Tr = BwdSm90Traits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
+  const int64_t bh = (int64_t)b * p.H + h;
+  const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
+  float *dq = p.dq_accum + bh * N * D;
+  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
+  T *dSw = dSs + w * 64 * BM;
+  const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
+  float dk[NO], dv[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) dk[i] = dv[i] = 0.f;
+
+  mbar_wait(&bar.kv_full, 0);
+  for (int i = 0; i < m_blocks; ++i) {
+    const int st = i % S, m0 = i * BM;
+    const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
+    // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
+    // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
+    float s[32] = {}, dp[32] = {}, dqw[NO] = {};
+    uint32_t pa[4][4], sa[4][4];
+    mbar_wait(&bar.qd_full[st], (i / S) & 1);
+    fence_operands(s);
+    fence_operands(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+      wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+
+    bwd_sm90_softmax_grad(s, dp, lse, delta, sl2, scale, m0, key, N, t);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+        sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+      }
+    warpgroup_sync(w);  // the previous step's dQ wgmma has finished reading dSᵀ
+    bwd_sm90_store_ds(dSw, sa, warp, g, t);
+    fence_proxy_async_shared();
+
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(sa);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
+      wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
+      wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(sa);
+    mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
+
+    warpgroup_sync(w);  // all of dSᵀ is in shared memory
+    fence_operands(dqw);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: dSᵀ and K_w rows, 2048 bytes per step
+      wgmma_ss_tt_d<DTYPE, D>(dqw, make_desc_mn(dSw + kk * 16 * 64, 64 * 128),
+                              make_desc_mn(Kw + kk * 16 * 64, BN * 128), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dqw);
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
+      const int m = m0 + warp * 16 + g + 8 * r;
+      if (m >= N) continue;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + 8 * j + 2 * t),
+                  make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
+    }
+  }
+
+  T *dk_out = static_cast<T *>(p.dk) + bh * N * D, *dv_out = static_cast<T *>(p.dv) + bh * N * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int n = key + 8 * r;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int64_t off = (int64_t)n * D + 8 * j + 2 * t;
+      *reinterpret_cast<uint32_t *>(dk_out + off) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dv_out + off) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int DTYPE, int D>
+__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+    bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
+                    const BwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = typename Elem<DTYPE>::T;
+  using Tr = BwdSm90Traits<D>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ BwdSm90Barriers<Tr::kStages> bar;
+  T *Ks = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));  // (D/64, BN, 64)
+  T *Vs = Ks + Tr::kBlockN * D;
+  T *Qs = Vs + Tr::kBlockN * D;                 // (kStages, D/64, BM, 64)
+  T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
+  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BN, BM): dSᵀ, swizzled
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
+  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (threadIdx.x == 0) {
+    tma_prefetch_descriptor(&tm_q), tma_prefetch_descriptor(&tm_k);
+    tma_prefetch_descriptor(&tm_v), tma_prefetch_descriptor(&tm_do);
+    mbar_init(&bar.kv_full, 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(&bar.qd_full[s], 1);
+      mbar_init(&bar.qd_empty[s], 128 * Tr::kConsumers);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks);
+  } else {
+    setmaxnreg_inc<Tr::kConsumerRegs>();
+    bwd_sm90_consume<DTYPE, D>(p, Ks, Vs, Qs, dOs, dSs, bar, wg - 1, tid, n0, h, b, m_blocks);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built for an architecture without wgmma/TMA: the host never launches this
+#endif
+}
+
+template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what) {
+  using Tr = BwdSm90Traits<D>;
+  if (tensor_map_encoder() == nullptr) {
+    *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
+    return cudaErrorNotSupported;
+  }
+  const int64_t rows = (int64_t)p.B * p.H * p.N;
+  constexpr int RPB = 256 / (D / 8);
+  *what = "the backward's delta kernel";
+  bwd_delta_kernel<DTYPE, D><<<(unsigned)((rows + RPB - 1) / RPB), 256, 0, stream>>>(p);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  CUtensorMap tm_q, tm_k, tm_v, tm_do;
+  const bool bf16 = DTYPE == kBFloat16;
+  *what = "cuTensorMapEncodeTiled (q, k, v or dout: strides must be multiples of 16 bytes)";
+  if (!encode_tensor_map(&tm_q, p.q, p.q_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16) ||
+      !encode_tensor_map(&tm_k, p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
+      !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
+      !encode_tensor_map(&tm_do, p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
+    return cudaErrorInvalidValue;
+  auto kernel = bwd_sm90_kernel<DTYPE, D>;
+  *what = "setting the sm90 backward's shared memory size";
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  *what = "the sm90 backward launch";
+  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
+  return cudaGetLastError();
+}
+
+}  // namespace vitk
+
+#define VITK_INSTANTIATE_BWD_SM90(DTYPE, D)                                                    \
+  template cudaError_t vitk::run_bwd_sm90<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t, \
+                                                          const char **);

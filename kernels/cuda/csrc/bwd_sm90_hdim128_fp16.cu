@@ -1,0 +1,3 @@
+// Backward instantiation for Hopper (sm_90a): fp16, head_dim 128.
+#include "bwd_sm90.cuh"
+VITK_INSTANTIATE_BWD_SM90(kFloat16, 128)
