@@ -4,9 +4,10 @@ and the vector-add example beside torch.add and a device-to-device copy.
     python benchmarks/cuda_bench.py [--json out.json] [--attention-only]
 
 Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5× that. Our rows:
-``cuda-sm80`` (mma.sync forward) and, on compute capability 9.0, ``cuda-sm90`` (the Hopper forward,
-csrc/fwd_sm90.cuh); both use the mma.sync backward with 8 warps. ``fwd err`` is max |out − SDPA
-flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
+``cuda-sm80`` (mma.sync kernels, backward with 8 warps) and, on compute capability 9.0,
+``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
+``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh). ``fwd err`` is
+max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
 the 60 MB L2 together.
 """
@@ -50,9 +51,9 @@ def sdpa(backend):
     return fn
 
 
-def cuda_with(fwd_path, bwd_warps=8):
+def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8):
     def fn(q, k, v):
-        ops.FWD_PATH, ops.BWD_WARPS = fwd_path, bwd_warps  # read when the kernels run
+        ops.FWD_PATH, ops.BWD_PATH, ops.BWD_WARPS = fwd_path, bwd_path, bwd_warps  # read when the kernels run
         return cuda_attention(q, k, v)
     return fn
 
@@ -62,6 +63,7 @@ def bench_attention():
     backends = {"cuda-sm80": cuda_with("sm80")}
     if torch.cuda.get_device_capability() == (9, 0):
         backends["cuda-sm90"] = cuda_with("sm90")
+        backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
     backends |= {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     for B, H, N, d in SHAPES:
         sets = []
