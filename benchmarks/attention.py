@@ -32,6 +32,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.common import (
+    DEFAULT_OUT,
     MiB,
     environment,
     error_text,
@@ -158,7 +159,7 @@ def measure(name, B, H, N, d, dtype_name, device, warmup, iters, l2_bytes, row, 
                                     ("fwdbwd", {"fn": fwd_bwd}, 3.5)):
             ms = time_ms(**kwargs, warmup=warmup, iters=iters, device=device)
             row[f"{phase}_ms"] = ms
-            row[f"{phase}_tflops"] = mult * flops / (ms * 1e-3) / 1e12
+            row[f"{phase}_tflops"] = mult * flops / (ms * 1e-3) / 1e12 if device == "cuda" else None  # GPU only
         free_memory()
         for phase, f in (("fwd", lambda: fwd(0)), ("fwdbwd", lambda: fwd_bwd(0))):
             peak = peak_extra_bytes(f, device=device)
@@ -197,6 +198,8 @@ COLUMNS = [("B", "B", 0), ("H", "H", 0), ("N", "N", 0), ("d", "d", 0), ("dtype",
            ("peak fwd+bwd MiB", "fwdbwd_peak_mib", 0), ("× faster than naive", "speedup_vs_naive", 2),
            ("× less memory than naive", "memory_saving_vs_naive", 1), ("max err vs fp32", "max_err", 4),
            ("status", "status", 0)]
+# A CPU run reports times (and the error check) only: no TFLOP/s, memory or ratios to naive.
+CPU_COLUMNS = [c for c in COLUMNS if not c[1].endswith(("_tflops", "_peak_mib", "_vs_naive"))]
 
 
 def render_markdown(env, config, rows) -> str:
@@ -207,11 +210,12 @@ def render_markdown(env, config, rows) -> str:
               "Layout `bhnd`: contiguous (B, H, N, d) q, k, v, the kernels alone."),
              ("FLOPs: fwd 4·B·H·N²·d, bwd 2.5×, fwd+bwd 3.5×. Peak = extra memory allocated during the phase beyond "
              "the inputs (includes out, and dq/dk/dv for fwd+bwd); n/a on CPU."),
-             ("sdpa-X = `F.scaled_dot_product_attention` pinned to SDPBackend.X; naive = softmax(q·kᵀ·d^-0.5 in "
-             "float32)·v; max err = max |out − float32 naive| on batch 0, heads 0-1.")]
+             ("sdpa-X = `F.scaled_dot_product_attention` pinned to SDPBackend.X; naive = softmax(q·kᵀ·d^-0.5)·v, "
+             "all in float32; max err = max |out − float32 naive| on batch 0, heads 0-1.")]
     if env["gpu"] is None:
-        notes.append("**CPU run: wall-clock timing, memory n/a. Not a GPU result.**")
-    return markdown_header("Attention benchmark", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+        notes.append("**CPU run: wall-clock times only (no TFLOP/s, memory or ratios). Not a GPU result.**")
+    columns = COLUMNS if config["device"] == "cuda" else CPU_COLUMNS
+    return markdown_header("Attention benchmark", env, notes) + "\n" + markdown_table(rows, columns)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -237,7 +241,7 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="untimed calls per phase (preset default)")
     p.add_argument("--iters", type=int, help="timed calls per phase; the median is reported (preset default)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     p.add_argument("--name", help="output file stem (default attention_<preset>)")
     p.add_argument("--layout", choices=["bhnd", "packed"], default="bhnd",
                    help="bhnd: q, k, v (B, H, N, d), the kernels alone; packed: one (B, N, 3, H, d) qkv, as the ViT")
@@ -271,11 +275,13 @@ def main(argv=None) -> dict:
                 row = run_case(backend, B, H, N, d, dtype_name, args.device, config["warmup"], config["iters"], l2,
                                args.layout)
                 rows.append(row)
+                gpu = (f"  {row.get('fwdbwd_tflops') or 0:6.0f} TFLOP/s  peak "
+                       f"{row.get('fwdbwd_peak_mib') or float('nan'):9.0f} MiB" if args.device == "cuda" else "")
                 print(f"{dtype_name} B={B:<4} H={H:<3} N={N:<6} d={d:<4} {backend:<15} "
                       f"fwd {row.get('fwd_ms', float('nan')):9.3f} ms  fwd+bwd {row.get('fwdbwd_ms', float('nan')):9.3f} ms"
-                      f"  {row.get('fwdbwd_tflops') or 0:6.0f} TFLOP/s  peak {row.get('fwdbwd_peak_mib') or float('nan'):9.0f}"
-                      f" MiB  err {row.get('max_err', float('nan')):.1e}  {row['status']}", flush=True)
-                add_ratios(rows)
+                      f"{gpu}  err {row.get('max_err', float('nan')):.1e}  {row['status']}", flush=True)
+                if args.device == "cuda":
+                    add_ratios(rows)
                 paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
     if not args.no_plot:
         title = (f"{env['command']}\n{env['gpu'] or 'CPU (wall-clock)'} · torch {env['torch']} · triton {env['triton']}"

@@ -24,6 +24,9 @@ import torch
 
 MiB = 2**20
 GiB = 2**30
+# Where results go unless --out is given: beside train.py's runs (git-ignored). The files that back the
+# README's tables are copied into benchmarks/results/ deliberately (benchmarks/README.md, Results).
+DEFAULT_OUT = Path("outputs") / "benchmarks"
 
 
 def has_cuda() -> bool:

@@ -5,7 +5,7 @@ count gets one untimed epoch (starts the persistent workers, warms the page cach
 epoch: images delivered to the main process (pinned, as training reads them) over wall-clock time.
 Compare with the model's images/s from ``benchmarks.train`` to see whether data or compute bounds a run.
 Without ``--data-dir`` a folder of random smooth JPEGs (10 classes) is generated in the temp directory
-(never under ``--out``, whose files are fetched back from the device).
+(never under ``--out``, which holds only the results).
 """
 from __future__ import annotations
 

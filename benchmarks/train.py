@@ -2,6 +2,7 @@
 
     python -m benchmarks.train --preset main                 # ViT-B/16 224 px, eager + torch.compile
     python -m benchmarks.train --preset full                 # + ViT-S/16 224 px and ViT-B/16 384 px
+    python -m benchmarks.train --preset range                # ViT-B/16: batch 16, 64, 256 at 224 px; 512 and 1024 px
     python -m benchmarks.train --preset smoke                # tiny model on CPU (naive, sdpa, timm)
     python -m benchmarks.train --compiled timm flash --eager --memory-peak   # + what is alive at the peak
     python -m benchmarks.train --input-pipeline --workers 8 16 [--data-dir /path/to/imagefolder]
@@ -13,7 +14,8 @@ steps (they include torch.compile's compilation) are timed separately and exclud
 step is timed with CUDA events and the median reported. Peak memory = ``max_memory_allocated``
 over the timed steps (weights, gradients, AdamW state and activations). MFU = analytic training
 FLOPs per image (:func:`flops_per_image`, ×3 for forward+backward) × images/s over the bf16 matmul
-ceiling measured at the start of the same run (8192³ ``torch.mm`` on random data).
+ceiling measured at the start of the same run (8192³ ``torch.mm`` on random data). On a CPU (``--preset
+smoke``) only times are reported: no memory, MFU or comparison with timm.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import (
+    DEFAULT_OUT,
     GiB,
     environment,
     error_text,
@@ -44,6 +47,13 @@ MODELS = {
     "vit_base_patch16_224": {"size": "base", "img_size": 224, "timm": "vit_base_patch16_224", "batch": 256},
     # N = 577; batch 128 keeps naive's N×N activations (~55 GiB over 12 blocks) inside one H200.
     "vit_base_patch16_384": {"size": "base", "img_size": 384, "timm": "vit_base_patch16_384", "batch": 128},
+    # The range users train at (issue 11's table): fine-tuning batches, and detection/segmentation resolutions.
+    "vit_base_patch16_224_b16": {"size": "base", "img_size": 224, "timm": "vit_base_patch16_224", "batch": 16},
+    "vit_base_patch16_224_b64": {"size": "base", "img_size": 224, "timm": "vit_base_patch16_224", "batch": 64},
+    "vit_base_patch16_512": {"size": "base", "img_size": 512, "timm": "vit_base_patch16_224", "batch": 64,
+                             "timm_overrides": {"img_size": 512}},
+    "vit_base_patch16_1024": {"size": "base", "img_size": 1024, "timm": "vit_base_patch16_224", "batch": 8,
+                              "timm_overrides": {"img_size": 1024}},
     "debug_patch16_32": {"size": "debug", "img_size": 32, "timm": "vit_tiny_patch16_224", "batch": 8,
                          "timm_overrides": {"img_size": 32, **SIZES["debug"]}},
 }
@@ -55,6 +65,10 @@ PRESETS = {
              "max_minutes": 4.5, "matmul_size": 8192},
     "full": {"models": ["vit_small_patch16_224", "vit_base_patch16_224", "vit_base_patch16_384"], "eager": EAGER,
              "compiled": COMPILED, "warmup": 5, "steps": 20, "max_minutes": 9.0, "matmul_size": 8192},
+    "range": {"models": ["vit_base_patch16_224_b16", "vit_base_patch16_224_b64", "vit_base_patch16_224",
+                         "vit_base_patch16_512", "vit_base_patch16_1024"],
+              "eager": ["timm", "flash", "sdpa"], "compiled": ["timm", "flash"], "warmup": 5, "steps": 20,
+              "max_minutes": 20.0, "matmul_size": 8192},
     "smoke": {"models": ["debug_patch16_32"], "eager": ["timm", "sdpa", "naive"], "compiled": [], "warmup": 1,
               "steps": 3, "max_minutes": 5.0, "matmul_size": 256},
 }
@@ -147,7 +161,7 @@ def measure(impl, model_name, compiled, args, device, row) -> None:
     row["images_per_s"] = B / (ms * 1e-3)
     row["peak_gib"] = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else None
     flops = 3 * flops_per_image(spec["size"], S)
-    row["model_tflops"] = flops * row["images_per_s"] / 1e12
+    row["model_tflops"] = flops * row["images_per_s"] / 1e12 if device == "cuda" else None  # a GPU figure only
     if args.memory_peak and device == "cuda":  # one more step, traced: what is alive at its peak
         from benchmarks.memory_peak import peak_sites, record
 
@@ -170,7 +184,8 @@ def run_config(impl, model_name, compiled, args, device) -> dict:
 
 
 def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
-    """MFU, and each of our rows against timm's for the same model and compile setting."""
+    """MFU, and each of our rows against timm's for the same model and compile setting (GPU runs only:
+    on a CPU neither the bf16 ceiling nor the ratio to timm says anything about the kernels)."""
     timm_rows = {(r["model"], r["compile"]): r for r in rows if r["impl"] == "timm" and r.get("images_per_s")}
     for r in rows:
         r["mfu"] = r["model_tflops"] / ceiling_tflops if r.get("model_tflops") and ceiling_tflops else None
@@ -188,19 +203,25 @@ COLUMNS = [("model", "model", 0), ("impl", "impl", 0), ("attention", "attention"
            ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
            ("model TFLOP/s", "model_tflops", 0), ("MFU %", "mfu_pct", 1), ("warm-up s", "warmup_s", 1),
            ("status", "status", 0)]
+# A CPU run reports times only: no memory statistics, no MFU, no comparison with timm.
+CPU_COLUMNS = [c for c in COLUMNS if c[1] not in ("speed_vs_timm_pct", "peak_gib", "peak_vs_timm_gib",
+                                                 "model_tflops", "mfu_pct")]
 
 
 def render_markdown(env, config, rows) -> str:
     notes = [(f"Preset `{config['preset']}`; {config['warmup']} warm-up steps (incl. compilation) excluded, median of "
               f"{config['steps']} timed steps; bf16 autocast, AdamW(fused on CUDA), synthetic data on the device, "
               f"clip_grad={config['clip_grad']}, cudnn.benchmark=True."),
-             (f"bf16 {config['matmul_size']}³ matmul ceiling in this run: {config['matmul_tflops']:.4g} TFLOP/s; "
-              "MFU = 3 × analytic forward FLOPs/image × images/s / ceiling."),
              ("impl timm = `timm.create_model(name, pretrained=False)` with its default fused SDPA; ours = "
-              "`vit.model.create_model(size, attention=...)`. 'vs timm' compares with timm at the same compile setting.")]
+              "`vit.model.create_model(size, attention=...)`.")]
+    if config["matmul_tflops"] is not None:
+        notes += [(f"bf16 {config['matmul_size']}³ matmul ceiling in this run: {config['matmul_tflops']:.4g} TFLOP/s; "
+                   "MFU = 3 × analytic forward FLOPs/image × images/s / ceiling."),
+                  "'vs timm' compares with timm at the same compile setting."]
     if env["gpu"] is None:
-        notes.append("**CPU run: wall-clock timing, memory n/a. Not a GPU result.**")
-    text = markdown_header("Training throughput", env, notes) + "\n" + markdown_table(rows, COLUMNS)
+        notes.append("**CPU run: wall-clock times only (no memory, MFU or comparison with timm). Not a GPU result.**")
+    columns = COLUMNS if env["gpu"] is not None else CPU_COLUMNS
+    text = markdown_header("Training throughput", env, notes) + "\n" + markdown_table(rows, columns)
     if any(r.get("peak_sites") for r in rows):
         from benchmarks.memory_peak import render
 
@@ -220,8 +241,9 @@ def run_models(args, device, env) -> dict:
               "matmul_size": args.matmul_size or preset["matmul_size"], "clip_grad": args.clip_grad}
     args.warmup, args.steps = config["warmup"], config["steps"]
     torch.backends.cudnn.benchmark = True  # as timm's train.py does; only the patch-embed conv uses cuDNN
-    config["matmul_tflops"] = matmul_ceiling_tflops(config["matmul_size"], device)
-    print(f"bf16 {config['matmul_size']}^3 matmul: {config['matmul_tflops']:.1f} TFLOP/s", flush=True)
+    config["matmul_tflops"] = matmul_ceiling_tflops(config["matmul_size"], device) if device == "cuda" else None
+    if config["matmul_tflops"] is not None:
+        print(f"bf16 {config['matmul_size']}^3 matmul: {config['matmul_tflops']:.1f} TFLOP/s", flush=True)
     plan = [(m, impl, compiled) for compiled in (False, True) for m in config["models"]
             for impl in (config["compiled"] if compiled else config["eager"])]
     name, rows, start = args.name or f"train_{args.preset}", [], time.perf_counter()
@@ -235,11 +257,12 @@ def run_models(args, device, env) -> dict:
         else:
             row = run_config(impl, model_name, compiled, args, device)
         rows.append(row)
+        peak = f"peak {row.get('peak_gib') or float('nan'):6.2f} GiB  " if device == "cuda" else ""
         print(f"{model_name:<22} {row['impl']:<5} {impl:<6} compile={compiled!s:<5} "
               f"{row.get('images_per_s') or float('nan'):8.0f} img/s  {row.get('step_ms') or float('nan'):8.1f} ms  "
-              f"peak {row.get('peak_gib') or float('nan'):6.2f} GiB  warm-up {row.get('warmup_s') or 0:5.1f} s  "
-              f"{row['status']}", flush=True)
-        add_comparisons(rows, config["matmul_tflops"])
+              f"{peak}warm-up {row.get('warmup_s') or 0:5.1f} s  {row['status']}", flush=True)
+        if device == "cuda":
+            add_comparisons(rows, config["matmul_tflops"])
         paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
     return {"rows": rows, "paths": paths, "config": config}
 
@@ -261,7 +284,7 @@ def parse_args(argv=None):
     p.add_argument("--memory-peak", action="store_true",
                    help="trace one extra step per configuration and list what is alive at its peak (CUDA)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     p.add_argument("--name", help="output file stem (default train_<preset>, or input_pipeline)")
     pipe = p.add_argument_group("input pipeline (--input-pipeline): the image-folder loader alone")
     pipe.add_argument("--input-pipeline", action="store_true", help="measure the loader instead of the model")
