@@ -38,17 +38,15 @@ from vit.build import (
     model_args,
     resolve_amp,
     resolve_backend,
+    resolve_cpu_threads,
     resolve_device,
     resolve_out_dir,
 )
 from vit.checkpoint import (
     capture_rng_state,
-    find_latest_checkpoint,
-    load_checkpoint,
     load_model_weights,
     load_state_dict_file,
     prune_checkpoints,
-    restore_rng_state,
     save_checkpoint,
     step_checkpoint_path,
 )
@@ -57,6 +55,7 @@ from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast
 from vit.engine import TrainState, evaluate, train_epoch
 from vit.logger import RunLogger, append_summary_csv, environment, scrub_secrets, trim_summary_csv
 from vit.recipe import build_recipe
+from vit.resume import find_resume, restore_run
 from vit.wrap import (
     apply_compile,
     apply_distributed,
@@ -67,44 +66,6 @@ from vit.wrap import (
     resolve_strategy,
     unwrap,
 )
-
-
-def find_resume(spec: str | None, ckpt_dir: Path) -> tuple[Path, dict] | None:
-    """``resume=null``: none; ``auto``: newest complete checkpoint in ``ckpt_dir`` (none is fine);
-    a path: that checkpoint (must exist)."""
-    if spec is None:
-        return None
-    if spec == "auto":
-        found = find_latest_checkpoint(ckpt_dir)
-        print(f"[resume] resume=auto: {'found ' + str(found[0]) if found else 'no checkpoint in ' + str(ckpt_dir)}")
-        return found
-    path = Path(to_absolute_path(spec))
-    return path, load_checkpoint(path)
-
-
-def check_compatible(ckpt: dict, path: Path, margs: dict, classes: list[str]) -> None:
-    """The checkpoint was made for this model and these classes (RuntimeError naming what differs)."""
-    diff = {k: (ckpt["model_args"].get(k), v) for k, v in margs.items()
-            if k in ("size", "img_size", "patch_size", "num_classes") and ckpt["model_args"].get(k) != v}
-    if diff:
-        what = ", ".join(f"{k}: {a} in checkpoint, {b} in this run" for k, (a, b) in diff.items())
-        raise RuntimeError(f"cannot resume from {path}: the model differs ({what}); "
-                           f"resume with the model=/data= settings the checkpoint was made with")
-    if ckpt["classes"] != classes:
-        raise RuntimeError(f"cannot resume from {path}: its classes differ from the dataset's ({len(ckpt['classes'])} "
-                           f"vs {len(classes)} classes); use the same data.root")
-
-
-def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """``key: old -> new`` for every leaf that differs between two config dicts."""
-    changes = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            changes += config_changes(a, b, f"{prefix}{key}.")
-        elif a != b:
-            changes.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return changes
 
 
 def seed_all(seed: int) -> None:
@@ -156,12 +117,15 @@ def train(cfg: DictConfig) -> dict:
     """
     check_train_config(cfg)
     dist = init_distributed(resolve_device(cfg.device))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(resolve_cpu_threads(cfg.get("cpu_threads", "auto")))
     try:
         if dist.is_main:
             return _train(cfg, dist)
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # rank 0 alone prints
             return _train(cfg, dist)
     finally:
+        torch.set_num_threads(threads)
         teardown(dist)
 
 
@@ -198,17 +162,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     cfg_dict = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))  # what checkpoints and W&B hold
     resume = find_resume(cfg.resume, ckpt_dir)
     if resume is not None:
-        path, ckpt = resume
-        check_compatible(ckpt, path, margs, data.classes)
-        changed = [c for c in config_changes(ckpt["config"], cfg_dict)
-                   if not c.startswith(("resume:", "out_dir:"))]
-        if changed:
-            print(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changed)}")
-        load_model_weights(model, ckpt["model"], source=str(path))
-        state = TrainState(**{k: ckpt[k] for k in TrainState().state_dict()})
-        restore_rng_state(ckpt["rng"])
-        print(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
-              f"{f' (mid-epoch, step {state.step_in_epoch} of {steps_per_epoch})' if state.step_in_epoch else ''}")
+        state = restore_run(*resume, model, margs, data.classes, cfg, cfg_dict,
+                            lambda batch, accum: per_rank // max(batch // (accum * world_size), 1) // accum)
     recipe = build_recipe(cfg, model, len(data.classes), strategy, device, micro_batch,  # mixup, loss, EMA
                           checkpoint=resume[1] if resume else None)
     if rank > 0:  # own dropout / drop-path streams per rank (rank 0 keeps the one-process run's)

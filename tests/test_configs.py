@@ -71,3 +71,40 @@ def test_invalid_value_names_key(override, key):
     with pytest.raises(ValueError) as e:
         check_train_config(cfg)
     assert f"{key}=" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("cores, local_processes, workers", [(2, 1, 1), (16, 1, 8), (1, 1, 0), (16, 4, 3)])
+def test_num_workers_auto_follows_the_cores(monkeypatch, cores, local_processes, workers):
+    """data=imagefolder's num_workers=auto leaves a core for training: 2 cores -> 1 worker (8 made PyTorch warn)."""
+    from vit.build import resolve_num_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_processes))
+    cfg = compose_cfg("train", ["data=imagefolder", "data.root=/data/imagenet"])
+    check_train_config(cfg)
+    assert resolve_num_workers(cfg.data.num_workers) == workers
+    assert resolve_num_workers(3) == 3
+
+
+@pytest.mark.parametrize("value, error", [("cpu_threads=0", "cpu_threads=0: auto"),
+                                          ("data.num_workers=many", "data.num_workers='many': auto")])
+def test_cpu_threads_and_num_workers_values_are_checked(value, error):
+    with pytest.raises(ValueError, match=f"invalid config value {error}"):
+        check_train_config(compose_cfg("train", ["data=imagefolder", value]))
+
+
+def test_cpu_threads_sets_torch_threads_for_the_run_only(tmp_path):
+    import json
+
+    import torch
+
+    from train import train
+
+    before = torch.get_num_threads()
+    cfg = compose_cfg("train", ["data=synthetic", "data.img_size=16", "data.num_classes=4", "data.train_samples=32",
+                                "data.val_samples=16", "batch_size=16", "epochs=1", "attention=naive", "device=cpu",
+                                "progress=false", "logger=none", "cpu_threads=1", "schedule.warmup_epochs=0",
+                                f"out_dir={tmp_path}"])
+    train(cfg)
+    assert json.loads((tmp_path / "summary.json").read_text())["env"]["cpu_threads"] == 1
+    assert torch.get_num_threads() == before

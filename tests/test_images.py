@@ -264,3 +264,53 @@ def test_randaugment_runs_every_op_at_full_magnitude():
         assert out.size == img.size and out.mode == "RGB", op.name
         names.append(op.name)
     assert "PosterizeIncreasing" in names
+
+
+def test_too_many_bad_files_in_a_worker_stop_the_run_with_one_clean_error(tmp_path):
+    """One text file named .jpg among 20 images (5 % > 1 %), read by a DataLoader worker: train() raises the
+    bad-file error itself, not torch's re-raise carrying the worker's traceback as text."""
+    from hydra import compose, initialize_config_dir
+
+    from train import train
+    from vit.images import TooManyBadFilesError
+
+    for split in ("train", "val"):
+        for i in range(10):
+            for cls in ("cat", "dog"):
+                write_good(tmp_path / "ds" / split / cls / f"{i}.jpg", i)
+    (tmp_path / "ds" / "train" / "cat" / "5.jpg").write_text("this is not an image\n")
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[1] / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "data=imagefolder", f"data.root={tmp_path / 'ds'}", "data.img_size=16", "data.num_workers=1",
+            "batch_size=4", "epochs=3", "model=debug", "attention=naive", "logger=none", "progress=false",
+            f"out_dir={tmp_path / 'out'}"])
+    with pytest.raises(TooManyBadFilesError) as error:  # the bad file warns in the worker, on its stderr
+        train(cfg)
+    message = str(error.value)
+    assert message.startswith(f"1 of 20 image files under {tmp_path / 'ds' / 'train'} are bad (5.00%)")
+    assert "5.jpg: UnidentifiedImageError: cannot identify image file" in message
+    assert "DataLoader worker" not in message and "Traceback" not in message
+    assert error.value.__cause__ is None and error.value.__suppress_context__
+
+
+BOMB_SCRIPT = """
+import sys, torch
+from PIL import Image
+from vit.images import open_split
+Image.MAX_IMAGE_PIXELS = 300  # the 20×24 test images (480 px) warn; twice that would be an error
+ds = open_split(sys.argv[1], "train", lambda im: torch.as_tensor(list(im.size)), max_bad_fraction=0.0)
+loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2)
+for epoch in range(2):
+    assert sum(len(y) for _, y in loader) == 8
+"""
+
+
+def test_decompression_bomb_warning_shows_once_per_run(tmp_path):
+    """8 images over PIL's pixel limit, 2 workers, 2 epochs (4 worker processes): one warning in all."""
+    for i in range(8):
+        write_good(tmp_path / "train" / ("cat" if i % 2 else "dog") / f"{i}.jpg", i)
+    run = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                         check=False, timeout=120, cwd=Path(__file__).parents[1])
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("DecompressionBombWarning") == 1, run.stderr
+    assert "could be decompression bomb DOS attack" in run.stderr and "Shown once for" in run.stderr

@@ -165,7 +165,47 @@ def test_odd_micro_batch_with_mixup_fails_at_start_up(tmp_path):
     ("mixup.mode=row", "mixup.mode"),
     ("mixup.mixup_alpha=-1", "mixup.mixup_alpha"),
     ("ema.decay=1.5", "ema.decay"),
+    ("optim.layer_decay=1.5", "optim.layer_decay"),
+    ("schedule.warmup_steps=2.5", "schedule.warmup_steps"),
 ])
 def test_invalid_recipe_values_name_the_key(override, key):
     with pytest.raises(ValueError, match=rf"invalid config value {key}="):
         check_train_config(compose_cfg([override]))
+
+
+def test_layer_decay_param_groups_have_the_per_block_rates():
+    """optim.layer_decay=0.5 on the 4-block debug ViT at peak lr 1e-3: block i at 1e-3 × 0.5^(4-i), the stem
+    (patch_embed, pos_embed, cls_token) at 1e-3 × 0.5^5, the final norm with the last block (timm's grouping),
+    the head at 1e-3; no weight decay on 1-D params."""
+    from vit.build import build_optimizer, build_scheduler
+
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+    cfg = compose_cfg(["optim.layer_decay=0.5", "optim.lr=1e-3", "schedule.warmup_steps=10", "epochs=10"])
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=100)
+    scheduler.step_update(10)  # the end of warm-up (the cosine factor is 0.99975 at step 10 of 1000)
+    rate = {id(p): (g["lr"], g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+    peak = rate[id(model.head.weight)][0]
+    assert peak == pytest.approx(1e-3, rel=1e-3)
+    expected = {"patch_embed.proj.weight": 0.5 ** 5, "pos_embed": 0.5 ** 5, "cls_token": 0.5 ** 5,
+                **{f"blocks.{i}.attn.qkv.weight": 0.5 ** (4 - i) for i in range(4)},
+                "blocks.2.mlp.fc1.bias": 0.5 ** 2, "norm.weight": 0.5, "head.weight": 1.0, "head.bias": 1.0}
+    params = dict(model.named_parameters())
+    for name, scale in expected.items():
+        lr, wd = rate[id(params[name])]
+        assert lr == pytest.approx(peak * scale, rel=1e-9), name
+        assert wd == (0.05 if params[name].ndim > 1 and name not in ("pos_embed", "cls_token") else 0.0), name
+    assert len(rate) == len(params)  # every parameter is in one group
+    plain = build_optimizer(model, compose_cfg(["optim.lr=1e-3"]))
+    assert all("lr_scale" not in g for g in plain.param_groups)
+
+
+def test_warmup_steps_counts_optimizer_steps():
+    from vit.build import build_optimizer, build_scheduler
+
+    model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+    cfg = compose_cfg(["optim.lr=1e-3", "schedule.warmup_steps=30", "schedule.warmup_lr_init=0", "epochs=10"])
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=7)
+    scheduler.step_update(15)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # half-way through 30 steps

@@ -110,6 +110,33 @@ def test_mid_epoch_resume_reproduces_final_weights(run_a, digits_root, tmp_path)
     assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
 
 
+def test_resume_with_a_longer_schedule_is_refused_unless_allowed(run_a, digits_root, tmp_path):
+    """epochs=2 -> 3 on resume recomputes the cosine over 3 epochs, so the LR at the resumed step rises again:
+    refused naming the key and the option; with allow_schedule_change=true, a warning gives the old and new LR
+    at the resumed step and the run continues on the new curve."""
+    from omegaconf import OmegaConf
+
+    from vit.build import ConfigWarning
+    from vit.resume import lr_curve
+
+    overrides = ["epochs=3", f"out_dir={tmp_path}", f"data.root={digits_root}", "attention=naive", "logger=none",
+                 f"resume={run_a['checkpoint']}", "progress=false", "schedule.warmup_epochs=0.5", "log_every=1"]
+    with pytest.raises(ValueError, match=r"epochs: 2 -> 3 change the learning-rate schedule: at the resumed step "
+                                         r"88 .* set allow_schedule_change=true"):
+        train(compose_cfg("train", overrides))
+    assert not list_checkpoints(tmp_path / "checkpoints")
+    cfg = compose_cfg("train", [*overrides, "allow_schedule_change=true"])
+    old_cfg = OmegaConf.create(load_checkpoint(run_a["checkpoint"])["config"])
+    [was], [now, after, end] = lr_curve(old_cfg, 44, [88]), lr_curve(cfg, 44, [88, 89, 132])  # 1437 // 32 = 44
+    assert now > 10 * was  # the cosine over 3 epochs is far from its end at step 88
+    with pytest.warns(ConfigWarning, match=rf"the LR was {was:.4g} under the checkpoint's schedule and is "
+                                           rf"{now:.4g} under this run's; .* {end:.4g} at step 132 \(end\)"):
+        resumed = train(cfg)
+    first = json.loads((Path(resumed["out_dir"]) / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 89 and first["train/lr"] == pytest.approx(after, rel=1e-6)  # the LR for step 90
+    assert resumed["steps"] == 132
+
+
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
 def test_eval_reproduces_training_top1(run_a, digits_root, tmp_path, attention):
     cfg = compose_cfg("eval", [f"checkpoint={run_a['checkpoint']}", f"attention={attention}", "logger=none",

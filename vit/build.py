@@ -5,13 +5,14 @@ Shared by train.py and eval.py so both read config keys the same way.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
-from timm.optim import param_groups_weight_decay
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
@@ -52,8 +53,12 @@ def check_train_config(cfg) -> None:
         _require(isinstance(value, int) and value >= 0, f"checkpoint.{key}", value, "an integer >= 0 (0 = all / never)")
     _require(cfg.schedule.warmup_epochs >= 0, "schedule.warmup_epochs", cfg.schedule.warmup_epochs, "a number >= 0")
     if cfg.data.name != "synthetic":
-        _require(isinstance(cfg.data.num_workers, int) and cfg.data.num_workers >= 0, "data.num_workers",
-                 cfg.data.num_workers, "an integer >= 0")
+        workers = cfg.data.num_workers
+        _require(workers == "auto" or (isinstance(workers, int) and workers >= 0), "data.num_workers", workers,
+                 "auto (min(8, cores - 1)) or an integer >= 0")
+    threads = cfg.get("cpu_threads", "auto")
+    _require(threads == "auto" or (isinstance(threads, int) and threads >= 1), "cpu_threads", threads,
+             "auto (torch's default, at most the cores this process may use) or an integer >= 1")
     _require(cfg.amp in ("auto", "bf16", "none"), "amp", cfg.amp,
              "one of auto, bf16, none for training (fp16 would need loss scaling, which this trainer does not do; "
              "bf16 has float32's range)")
@@ -118,6 +123,26 @@ def config_warnings(cfg, margs: dict, backend: str, micro_batch: int) -> list[st
                    f"whole run, reaches the peak only at its last step and never decays); lower "
                    f"schedule.warmup_epochs or raise epochs")
     return out
+
+
+def cores_per_process() -> int:
+    """CPU cores this process may use (its affinity mask, so a container's or taskset's limit counts), shared
+    with the other processes of this node under torchrun (``LOCAL_WORLD_SIZE``); at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def resolve_num_workers(value) -> int:
+    """``data.num_workers``: ``auto`` -> min(8, :func:`cores_per_process` - 1), leaving a core for the training
+    process (0 on a 1-core machine: load in the main process); an integer as given."""
+    return min(8, cores_per_process() - 1) if value == "auto" else value
+
+
+def resolve_cpu_threads(value) -> int:
+    """``cpu_threads`` (torch's intra-op threads): ``auto`` -> torch's default (``OMP_NUM_THREADS``, else the
+    physical cores), capped at :func:`cores_per_process`; an integer as given. CPU results are bit-reproducible
+    for a given count, and change with it (the order of floating-point sums in matmuls does)."""
+    return min(torch.get_num_threads(), cores_per_process()) if value == "auto" else value
 
 
 def resolve_out_dir(cfg, fallback: str = "outputs/%Y-%m-%d/%H-%M-%S") -> Path:
@@ -211,16 +236,29 @@ def effective_lr(cfg) -> float:
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter, 2019) at :func:`effective_lr`, without weight decay on 1-D params,
-    pos_embed and cls_token."""
+    pos_embed and cls_token (frozen parameters, e.g. a sincos2d pos_embed, are left out).
+
+    ``optim.layer_decay=d``: layer-wise learning-rate decay (BEiT, Bao et al. 2022; MAE fine-tuning),
+    timm's ``param_groups_layer_decay``: with L blocks, block i (0-based) learns at lr × d^(L-i), the
+    stem (patch_embed, pos_embed, cls_token) at lr × d^(L+1), the head at lr; timm groups the final norm
+    with the last block (lr × d; MAE's own grouping gives it lr). The timm scheduler applies each group's
+    ``lr_scale``.
+    """
     o = cfg.optim
-    groups = param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
+    if o.get("layer_decay") is not None:
+        groups = param_groups_layer_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY,
+                                          layer_decay=o.layer_decay)
+    else:
+        groups = param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
     return torch.optim.AdamW(groups, lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int) -> CosineLRScheduler:
-    """Per-step linear warmup then cosine decay to ``schedule.min_lr`` (timm ``CosineLRScheduler``)."""
+    """Per-step linear warmup then cosine decay to ``schedule.min_lr`` (timm ``CosineLRScheduler``); the
+    warm-up lasts ``schedule.warmup_steps`` optimizer steps if set, else ``schedule.warmup_epochs`` epochs."""
     s = cfg.schedule
     total = cfg.epochs * steps_per_epoch
-    warmup = min(round(s.warmup_epochs * steps_per_epoch), max(total - 1, 0))
+    steps = s.get("warmup_steps")
+    warmup = min(steps if steps is not None else round(s.warmup_epochs * steps_per_epoch), max(total - 1, 0))
     return CosineLRScheduler(optimizer, t_initial=total, lr_min=s.min_lr, warmup_t=warmup,
                              warmup_lr_init=s.warmup_lr_init, t_in_epochs=False)

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset, Sampler
 
-from vit.images import check_same_classes, collate_drop_bad, open_split
+from vit.build import resolve_num_workers
+from vit.images import ImageFolderLoader, check_same_classes, collate_drop_bad, open_split
 
 DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
 
@@ -265,12 +266,12 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     seeded = SeededDataset(train_set, seed)
     sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
     pin = torch.device(device).type == "cuda"
-    workers = cfg.num_workers
+    workers = resolve_num_workers(cfg.num_workers)
     # Own generators: creating an iterator then draws worker seeds without touching the global RNG,
     # so a resumed run's dropout/drop-path stream matches the uninterrupted run's.
-    train = DataLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
+    train = ImageFolderLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
                        drop_last=True, persistent_workers=False, generator=torch.Generator().manual_seed(seed))
-    val = DataLoader(val_set, batch_size=eval_batch, sampler=range(rank, len(val_set), num_replicas),
+    val = ImageFolderLoader(val_set, batch_size=eval_batch, sampler=range(rank, len(val_set), num_replicas),
                      num_workers=workers, pin_memory=pin, collate_fn=collate_drop_bad,
                      generator=torch.Generator().manual_seed(seed + 1))
     return Data(train, val, train_set.classes, sampler, seeded)
@@ -291,7 +292,7 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0, num_replicas: i
         return loader, [str(i) for i in range(cfg.num_classes)]
     val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
                                 **folder_options(cfg))
-    loader = DataLoader(val_set, batch_size=batch_size, sampler=range(rank, len(val_set), num_replicas),
-                        num_workers=cfg.num_workers, pin_memory=torch.device(device).type == "cuda",
+    loader = ImageFolderLoader(val_set, batch_size=batch_size, sampler=range(rank, len(val_set), num_replicas),
+                        num_workers=resolve_num_workers(cfg.num_workers), pin_memory=torch.device(device).type == "cuda",
                         collate_fn=collate_drop_bad, generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes

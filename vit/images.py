@@ -26,6 +26,8 @@ DataLoader workers: the bad-file record is a shared-memory uint8 tensor (one byt
 in any worker are seen by the main process and by later workers: `num_bad` is exact across workers of one
 process group, and a file warns once in total (twice at worst, if two workers hit it at the same moment).
 Warnings issued in workers go to their stderr. Under DDP each rank holds its own dataset and its own count.
+PIL's DecompressionBombWarning (an image above `PIL.Image.MAX_IMAGE_PIXELS`) is shown once per dataset, not once
+per worker and epoch (the same shared-memory record).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, ImageFile
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 from torchvision.datasets import ImageFolder
 from tqdm import tqdm
 
@@ -50,6 +52,10 @@ DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error, Image
 
 class BadImageWarning(UserWarning):
     """One file that could not be decoded and is skipped; the message names the path and the reason."""
+
+
+class TooManyBadFilesError(RuntimeError):
+    """More than ``max_bad_fraction`` of a folder's files cannot be decoded; the message gives counts and examples."""
 
 
 def to_rgb(img: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
@@ -127,6 +133,7 @@ class RobustImageFolder(ImageFolder):
         if verify:
             self._verify()
         self._bad = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()  # 1 = known bad
+        self._bomb_warned = torch.zeros(1, dtype=torch.uint8).share_memory_()  # see _load
         self._check_fraction()
         counts = np.bincount(np.asarray(self.targets, dtype=np.int64), minlength=len(self.classes))
         empty = [str(root / c) for c, n in zip(self.classes, counts) if n == 0]
@@ -143,7 +150,19 @@ class RobustImageFolder(ImageFolder):
         return classes, {c: i for i, c in enumerate(classes)}
 
     def _load(self, path: str) -> Image.Image:
-        return load_rgb(path, self.background)
+        """The RGB image; PIL's DecompressionBombWarning (an image of more than ``Image.MAX_IMAGE_PIXELS``)
+        is shown once per dataset, whichever worker or epoch meets it first."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", Image.DecompressionBombWarning)
+            img = load_rgb(path, self.background)
+        for w in caught:
+            if not issubclass(w.category, Image.DecompressionBombWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+            elif not self._bomb_warned[0]:
+                self._bomb_warned[0] = 1
+                warnings.warn(f"{path}: {w.message} Shown once for {self.root}; PIL.Image.MAX_IMAGE_PIXELS sets "
+                              f"the limit", Image.DecompressionBombWarning, stacklevel=2)
+        return img
 
     def _verify(self) -> None:
         """Decode every file once (threads: PIL releases the GIL while decoding); drop and count bad ones."""
@@ -173,14 +192,22 @@ class RobustImageFolder(ImageFolder):
         """Number of bad files found so far (exact up front when verify=True)."""
         return len(self._dropped) + int(self._bad.sum())
 
-    def _check_fraction(self) -> None:
+    def too_many_bad(self) -> str | None:
+        """The error message if more than ``max_bad_fraction`` of the files are bad (as recorded by any
+        DataLoader worker so far), else None."""
         n_bad = self.num_bad
-        if n_bad > self.max_bad_fraction * self.num_files:
-            examples = "\n  ".join(f"{p}: {self.bad_reasons.get(p, 'see the warning')}" for p in self.bad_files[:5])
-            raise RuntimeError(
-                f"{n_bad} of {self.num_files} image files under {self.root} are bad ({n_bad / self.num_files:.2%}), "
+        if n_bad <= self.max_bad_fraction * self.num_files:
+            return None
+        examples = "\n  ".join(f"{p}: {self.bad_reasons.get(p) or _check_file(p, self.background)}"
+                               for p in self.bad_files[:5])
+        return (f"{n_bad} of {self.num_files} image files under {self.root} are bad ({n_bad / self.num_files:.2%}), "
                 f"more than data.max_bad_fraction={self.max_bad_fraction}. Examples:\n  {examples}\n"
                 f"Fix: delete or re-encode those files, or raise data.max_bad_fraction.")
+
+    def _check_fraction(self) -> None:
+        message = self.too_many_bad()
+        if message is not None:
+            raise TooManyBadFilesError(message)
 
     def __getitem__(self, index: int):
         """(image, class_index) for `index`; if its file is bad, the next index whose file decodes
@@ -208,6 +235,31 @@ class RobustImageFolder(ImageFolder):
             target = self.target_transform(target) if self.target_transform is not None else target
             return img, target
         raise RuntimeError(f"no file under {self.root} decodes; expected {LAYOUT}")
+
+
+class ImageFolderLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`RobustImageFolder` (or a dataset wrapping one as ``.dataset``) that
+    raises :class:`TooManyBadFilesError` from the main process, with its own message and traceback.
+
+    Raised in a worker, the error would reach the main process as a RuntimeError whose message holds the
+    worker's whole traceback (torch re-raises it as text, 80+ lines); the bad-file record is shared, so the
+    main process re-checks it and raises the plain error instead.
+    """
+
+    def __iter__(self):
+        folder = getattr(self.dataset, "dataset", self.dataset)
+        batches = super().__iter__()
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except RuntimeError:
+                message = folder.too_many_bad() if isinstance(folder, RobustImageFolder) else None
+                if message is None:
+                    raise
+                raise TooManyBadFilesError(message) from None
+            yield batch
 
 
 def collate_drop_bad(batch: list):

@@ -52,18 +52,25 @@ def mixup_active(m) -> bool:
 
 
 def check_recipe_config(cfg) -> None:
-    """The ``mixup`` and ``ema`` groups hold values that can run (ValueError naming key and value)."""
+    """The ``mixup``, ``ema`` groups and ``optim.layer_decay``, ``schedule.warmup_steps`` hold values that
+    can run (ValueError naming key and value)."""
     m, e = cfg.mixup, cfg.ema
     for key in ("mixup_alpha", "cutmix_alpha"):
         _require(m[key] >= 0, f"mixup.{key}", m[key], "a Beta-distribution alpha >= 0 (0 = off)")
     minmax = m.cutmix_minmax
-    _require(minmax is None or (len(minmax) == 2 and 0 < minmax[0] <= minmax[1] <= 1), "mixup.cutmix_minmax", m.cutmix_minmax, "null or [min, max] box-size ratios in (0, 1]")
+    _require(minmax is None or (len(minmax) == 2 and 0 < minmax[0] <= minmax[1] <= 1), "mixup.cutmix_minmax",
+             minmax, "null or [min, max] box-size ratios in (0, 1]")
     for key in ("prob", "switch_prob"):
         _require(0 <= m[key] <= 1, f"mixup.{key}", m[key], "a probability in [0, 1]")
     _require(m.mode in MIXUP_MODES, "mixup.mode", m.mode, f"one of {', '.join(MIXUP_MODES)}")
     _require(m.loss in MIXUP_LOSSES, "mixup.loss", m.loss, f"one of {', '.join(MIXUP_LOSSES)}")
     _require(isinstance(m.off_epoch, int) and m.off_epoch >= 0, "mixup.off_epoch", m.off_epoch,
              "an integer >= 0: the epoch (0-based) from which batches are no longer mixed; 0 = never")
+    ld = cfg.optim.get("layer_decay")
+    _require(ld is None or 0 < ld <= 1, "optim.layer_decay", ld, "null (off) or a factor in (0, 1], e.g. 0.65")
+    steps = cfg.schedule.get("warmup_steps")
+    _require(steps is None or (isinstance(steps, int) and steps >= 0), "schedule.warmup_steps", steps,
+             "null (use schedule.warmup_epochs) or an integer >= 0")
     _require(0 <= e.decay < 1, "ema.decay", e.decay, "a decay in [0, 1), e.g. 0.9998")
     _require(e.best_from in ("model", "ema"), "ema.best_from", e.best_from, "'model' or 'ema'")
     _require(e.enabled or e.best_from == "model", "ema.best_from", e.best_from,
