@@ -151,7 +151,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
                          f"images); lower batch_size")
 
     margs = model_args(cfg, len(data.classes))
-    for message in config_warnings(cfg, margs, backend, micro_batch):
+    for message in config_warnings(cfg, margs, backend, micro_batch, steps_per_epoch):
         warnings.warn(message, ConfigWarning, stacklevel=1)
     model = build_model(margs, backend).to(device)  # the same initial weights on every rank (same seed)
     state = TrainState()

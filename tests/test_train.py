@@ -127,7 +127,8 @@ def test_resume_with_a_longer_schedule_is_refused_unless_allowed(run_a, digits_r
     assert not list_checkpoints(tmp_path / "checkpoints")
     cfg = compose_cfg("train", [*overrides, "allow_schedule_change=true"])
     old_cfg = OmegaConf.create(load_checkpoint(run_a["checkpoint"])["config"])
-    [was], [now, after, end] = lr_curve(old_cfg, 44, [88]), lr_curve(cfg, 44, [88, 89, 132])  # 1437 // 32 = 44
+    ([was], _, _), ([now, after, end], _, total) = lr_curve(old_cfg, 44, [88]), lr_curve(cfg, 44, [88, 89, 132])
+    assert total == 132  # 3 epochs of 1437 // 32 = 44 steps
     assert now > 10 * was  # the cosine over 3 epochs is far from its end at step 88
     with pytest.warns(ConfigWarning, match=rf"the LR was {was:.4g} under the checkpoint's schedule and is "
                                            rf"{now:.4g} under this run's; .* {end:.4g} at step 132 \(end\)"):

@@ -113,15 +113,19 @@ def token_count_warning(margs: dict, backend: str, micro_batch: int) -> str | No
     return msg + "; use attention=flash (memory linear in N), grad_ckpt=true or a smaller batch_size"
 
 
-def config_warnings(cfg, margs: dict, backend: str, micro_batch: int) -> list[str]:
+def config_warnings(cfg, margs: dict, backend: str, micro_batch: int, steps_per_epoch: int) -> list[str]:
     """What in a valid config is likely not what was meant: too many tokens per image
-    (:func:`token_count_warning`), or ``epochs`` within ``schedule.warmup_epochs`` (the LR never leaves warm-up)."""
+    (:func:`token_count_warning`), or a warm-up as long as the run (the LR never leaves it)."""
     out = [w for w in [token_count_warning(margs, backend, micro_batch)] if w]
-    if cfg.schedule.warmup_epochs >= cfg.epochs:
-        out.append(f"schedule.warmup_epochs={cfg.schedule.warmup_epochs} is not below epochs={cfg.epochs}: the run "
-                   f"never leaves warm-up (the learning rate rises linearly from schedule.warmup_lr_init over the "
-                   f"whole run, reaches the peak only at its last step and never decays); lower "
-                   f"schedule.warmup_epochs or raise epochs")
+    s, total = cfg.schedule, cfg.epochs * steps_per_epoch
+    if s.get("warmup_steps") is not None:
+        key, value, too_long, run = "warmup_steps", s.warmup_steps, s.warmup_steps >= total, f"the run's {total} steps"
+    else:
+        key, value, too_long, run = "warmup_epochs", s.warmup_epochs, s.warmup_epochs >= cfg.epochs, f"epochs={cfg.epochs}"
+    if too_long:
+        out.append(f"schedule.{key}={value} is not below {run}: the run never leaves warm-up (the learning rate rises "
+                   f"linearly from schedule.warmup_lr_init over the whole run, reaches the peak only at its last step "
+                   f"and never decays); lower schedule.{key} or raise epochs")
     return out
 
 

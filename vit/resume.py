@@ -63,12 +63,12 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     return changes
 
 
-def lr_curve(cfg, steps_per_epoch: int, steps: list[int]) -> list[float]:
-    """The peak group's learning rate after each of ``steps`` optimizer steps under ``cfg``'s schedule
-    (:func:`vit.build.build_scheduler` on a one-parameter optimizer)."""
+def lr_curve(cfg, steps_per_epoch: int, steps: list[int]) -> tuple[list[float], int, int]:
+    """(the peak group's learning rate after each of ``steps`` optimizer steps, the warm-up's last step, the
+    total steps) under ``cfg``'s schedule (:func:`vit.build.build_scheduler` on a one-parameter optimizer)."""
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=effective_lr(cfg))
     scheduler = build_scheduler(optimizer, cfg, steps_per_epoch)
-    return [scheduler._get_lr(t)[0] for t in steps]
+    return [scheduler._get_lr(t)[0] for t in steps], scheduler.warmup_t, scheduler.t_initial
 
 
 def check_schedule(ckpt: dict, path: Path, cfg, changes: list[str],
@@ -81,9 +81,9 @@ def check_schedule(ckpt: dict, path: Path, cfg, changes: list[str],
         return
     old, step = OmegaConf.create(ckpt["config"]), ckpt["step"]
     old_spe, new_spe = steps_for(old.batch_size, old.grad_accum), steps_for(cfg.batch_size, cfg.grad_accum)
-    total = cfg.epochs * new_spe
-    warmup = min(round(cfg.schedule.warmup_epochs * new_spe), max(total - 1, 0))
-    [was], [now, peak, end] = lr_curve(old, old_spe, [step]), lr_curve(cfg, new_spe, [step, warmup, total])
+    [was], _, _ = lr_curve(old, old_spe, [step])
+    _, warmup, total = lr_curve(cfg, new_spe, [])
+    [now, peak, end], _, _ = lr_curve(cfg, new_spe, [step, warmup, total])
     what = (f"{'; '.join(changed)} change the learning-rate schedule: at the resumed step {step} the LR was "
             f"{was:.4g} under the checkpoint's schedule and is {now:.4g} under this run's")
     if not cfg.get("allow_schedule_change", False):
