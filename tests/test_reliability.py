@@ -184,9 +184,10 @@ def test_epochs_within_warmup_warn_at_start_up(epochs, warns, tmp_path):
         warnings.simplefilter("always", ConfigWarning)
         train(cfg)
     found = [str(w.message) for w in caught if "warm-up" in str(w.message)]
-    assert found == (["schedule.warmup_epochs=2 is not below epochs=2: the run never leaves warm-up (the learning "
-                      "rate rises linearly from schedule.warmup_lr_init over the whole run, reaches the peak only at "
-                      "its last step and never decays); lower schedule.warmup_epochs or raise epochs"] if warns else [])
+    expected = ("schedule.warmup_epochs=2 is not below epochs=2: the run never leaves warm-up (the learning rate "
+                "rises linearly from schedule.warmup_lr_init over the whole run, reaches the peak only at its last "
+                "step and never decays); lower schedule.warmup_epochs or raise epochs")
+    assert found == ([expected] if warns else [])
 
 
 # ---- weights that do not fit -------------------------------------------------------------------
