@@ -231,3 +231,70 @@ def test_launch_overhead_needs_a_gpu():
         pytest.skip("checks the CPU-only error")
     with pytest.raises(SystemExit, match="machine with a CUDA GPU"):
         launch_overhead.main([])
+
+
+@pytest.mark.slow
+def test_scale_smoke_runs_train_py(tmp_path):
+    """benchmarks.scale's command lines, tiny on a CPU: 2 gloo processes (DDP) through torchrun, and a run
+    that cannot run here (cuda without a GPU) gets a row saying so."""
+    from benchmarks import scale
+
+    result = scale.main(["--preset", "smoke", "--runs", "flash_ddp2", "cuda_eager", "--out", str(tmp_path)])
+    rows = result["rows"]
+    r = rows["flash_ddp2"]
+    assert r["status"] == "ok" and r["gpus"] == 2 and r["strategy"] == "ddp" and r["batch"] == 16, r
+    assert r["images_per_s"] > 0 and r["timed_steps"] > 0 and r["N"] == 65
+    assert rows["cuda_eager"]["status"] == "not run: attention=cuda needs a CUDA GPU"
+    md = Path(result["paths"]["md"]).read_text()
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 2 + 1 and "peak GiB" not in md
+    assert "=== flash_ddp2: " in Path(result["paths"]["log"]).read_text()
+
+
+def test_reproduce_sh_calls_each_benchmark_with_arguments_it_accepts(tmp_path):
+    """benchmarks/reproduce.sh with a stand-in python that records its calls: every step's arguments parse
+    with the benchmark's own parser; a bad part name and (on a CPU) the real python are refused."""
+    import importlib
+    import os
+    import shlex
+    import subprocess
+
+    script, record = ROOT / "benchmarks" / "reproduce.sh", tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exit 0\necho "$@" >> {record}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [shlex.split(line) for line in record.read_text().splitlines()]
+    assert [c[1] for c in calls] == ["kernels.cuda.build"] + ["benchmarks.attention"] * 3 + \
+        ["benchmarks.launch_overhead"] * 2 + ["benchmarks.train"] * 3 + ["benchmarks.scale"]
+    for call in calls:
+        module = importlib.import_module(call[1])
+        if hasattr(module, "parse_args"):
+            args = module.parse_args(call[2:])
+            assert args.out == tmp_path / "out"
+    record.unlink()
+    proc = subprocess.run(["bash", str(script), "train_vit", "scale"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and [shlex.split(line)[1] for line in record.read_text().splitlines()] == \
+        ["benchmarks.train", "benchmarks.scale"]
+    proc = subprocess.run(["bash", str(script), "everything"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: bash benchmarks/reproduce.sh" in proc.stderr
+    if not ON_GPU:
+        proc = subprocess.run(["bash", str(script)], env={**env, "PYTHON": sys.executable}, capture_output=True,
+                              text=True, check=False)
+        assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_readme_result_links_exist():
+    """Every benchmarks/results/ file README.md links, and every file of benchmarks/README.md's index of which
+    file backs which table, is there (archive/ included)."""
+    import re
+
+    results = ROOT / "benchmarks" / "results"
+    links = re.findall(r"\]\(benchmarks/results/([^)#]+)\)", (ROOT / "README.md").read_text())
+    index = (ROOT / "benchmarks" / "README.md").read_text().split("## Results")[1].split("\n## ")[0]
+    files = [name for row in index.splitlines() if row.startswith("| ") and "file in" not in row
+             for name in re.findall(r"`([^`]+\.(?:md|log|png))`", row.split(" | ")[1])]
+    assert len(links) > 10 and len(files) > 10, (links, files)
+    missing = [name for name in links + files if not (results / name).is_file()]
+    assert not missing, f"named in README.md or benchmarks/README.md's index but not in benchmarks/results/: {missing}"

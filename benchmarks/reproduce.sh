@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Regenerate every table the README shows, on a CUDA machine with the project installed (pip install -e .):
+#
+#   bash benchmarks/reproduce.sh [attention|train|scale|all|<step> ...]      (default: all)
+#
+#   attention  the kernels alone (attention_baseline, also the README's figure) and as the ViT calls them
+#              (attention_baseline_packed); the full preset (attention_full: ViT-S/B/L at 224 and 384 px, N up
+#              to 16384, bf16 and fp16); CPU against GPU time per flash call (launch_overhead, _profile)
+#   train      ViT-S/16, ViT-B/16 and ViT-B/16 at 384 px, ours (flash) beside timm, eager and compiled
+#              (train_vit); what is alive at ViT-B/16's memory peak (train_vitb_memory_peak); the input
+#              pipeline with 8 and 16 workers (input_pipeline)
+#   scale      train.py itself (scale): flash eager and compiled, cuda, DDP and FSDP2 on 2 GPUs, 1024 px with
+#              and without grad_ckpt, naive at 1024 px (stops with the out-of-memory message). The 2-process
+#              rows need 2 GPUs; with one they say "not run".
+#   <step>     one of the names in parentheses: that table alone
+#
+# Every run goes to the end (no time budget; the full attention preset alone took more than 9 minutes on an
+# H200). Results go to $OUT (default outputs/benchmarks/ under the repository), one .md/.json (+ .png, .log)
+# per table; benchmarks/README.md says which file backs which README table. Copying a file into
+# benchmarks/results/ is what updates the committed record.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-outputs/benchmarks}
+PYTHON=${PYTHON:-python}
+PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full launch_overhead launch_overhead_profile"
+PARTS_train="train_vit train_vitb_memory_peak input_pipeline"
+PARTS_scale="scale"
+PARTS_all="$PARTS_attention $PARTS_train $PARTS_scale"
+
+steps=()
+for arg in "${@:-all}"; do
+  var=PARTS_$arg
+  if [ -n "${!var:-}" ]; then
+    read -r -a more <<< "${!var}"; steps+=("${more[@]}")
+  elif [[ " $PARTS_all " == *" $arg "* ]]; then
+    steps+=("$arg")
+  else
+    echo "usage: bash benchmarks/reproduce.sh [attention|train|scale|all|<step> ...]; steps: $PARTS_all" >&2
+    exit 2
+  fi
+done
+"$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else
+  'benchmarks/reproduce.sh measures GPU tables and needs a CUDA GPU; on a CPU: python -m benchmarks.attention --preset smoke')"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+# run NAME CMD...: CMD, its console output also in $OUT/NAME.log
+run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$OUT/$name.log"; }
+
+cuda_build() { run cuda_build "$PYTHON" -m kernels.cuda.build; }  # once, so that no timed case includes the build
+attention_baseline() { run attention_baseline "$PYTHON" -m benchmarks.attention --preset baseline --out "$OUT"; }
+attention_baseline_packed() {
+  run attention_baseline_packed "$PYTHON" -m benchmarks.attention --preset baseline --layout packed \
+    --backends sdpa-flash sdpa-cudnn flash --out "$OUT"
+}
+attention_full() { run attention_full "$PYTHON" -m benchmarks.attention --preset full --out "$OUT"; }
+launch_overhead() { run launch_overhead "$PYTHON" -m benchmarks.launch_overhead; }
+launch_overhead_profile() { run launch_overhead_profile "$PYTHON" -m benchmarks.launch_overhead --profile; }
+train_vit() {
+  run train_vit "$PYTHON" -m benchmarks.train --models vit_small_patch16_224 vit_base_patch16_224 \
+    vit_base_patch16_384 --eager timm flash --compiled timm flash --max-minutes inf --out "$OUT" --name train_vit
+}
+train_vitb_memory_peak() {
+  run train_vitb_memory_peak "$PYTHON" -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
+    --compiled timm flash --memory-peak --max-minutes inf --out "$OUT" --name train_vitb_memory_peak
+}
+input_pipeline() { run input_pipeline "$PYTHON" -m benchmarks.train --input-pipeline --workers 8 16 --out "$OUT"; }
+scale() { "$PYTHON" -m benchmarks.scale --out "$OUT"; }  # writes scale.{md,json,log} itself
+
+for step in "${steps[@]}"; do
+  "$step"
+done
+echo "results in $OUT (which file backs which README table: benchmarks/README.md)"
