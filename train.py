@@ -143,7 +143,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     amp_dtype = resolve_amp(cfg.amp, device)
     backend = resolve_backend(cfg.attention.name, device, amp_dtype)
     micro_batch = micro_batch_size(cfg, world_size)
-    data = build_data(cfg.data, micro_batch, cfg.eval_batch_size, device, cfg.seed, world_size, rank)
+    data = build_data(cfg.data, micro_batch, cfg.eval_batch_size, device, cfg.seed, world_size, rank,
+                      num_repeats=cfg.repeated_aug.repeats, selected_round=cfg.repeated_aug.selected_round)
     per_rank = data.sampler.per_rank() if data.sampler is not None else len(data.train_loader) * micro_batch
     steps_per_epoch = per_rank // micro_batch // cfg.grad_accum
     if steps_per_epoch == 0:

@@ -3,7 +3,8 @@ uninterrupted run's weights, EMA weights and per-step losses, bit for bit (CPU).
 
 ``python train.py`` runs as a subprocess on a small image folder the test writes (3 classes, 96 train
 and 24 val PNGs, 16 px; batch 8: 12 optimizer steps per epoch, 2 epochs, a checkpoint every 3 steps),
-with the regularisation recipe on: mixup/cutmix (``mixup=deit``, numpy's RNG) and an EMA of the weights.
+with the regularisation recipe on: mixup/cutmix (``mixup=deit``, numpy's RNG), an EMA of the weights and
+repeated augmentation (3 copies of each image per epoch, each augmented on its own; 96 samples an epoch).
 The kills come from the ``VIT_TEST_CRASH_AT=<event>:<n>`` hook (vit/checkpoint.py ``crash_point``):
 the process sends itself SIGKILL the n-th time it reaches the event, so no cleanup code runs.
 After every kill the newest complete checkpoint must equal the uninterrupted run's checkpoint of the
@@ -59,7 +60,7 @@ def run_train(out_dir: Path, data_root: Path, crash_at: str | None = None, resum
             "data.num_workers=0", "model=debug", "attention=naive", "device=cpu", f"epochs={EPOCHS}",
             "batch_size=8", "eval_batch_size=8", "checkpoint.every_steps=3", f"checkpoint.keep_last={keep_last}",
             "logger=none", "progress=false", "log_every=1", f"hydra.run.dir={out_dir}/hydra",
-            "mixup=deit", "ema=on", "ema.decay=0.9",
+            "mixup=deit", "ema=on", "ema.decay=0.9", "repeated_aug.repeats=3", "repeated_aug.selected_round=0",
             "hydra.output_subdir=null"] + (["resume=auto"] if resume else [])
     env = {k: v for k, v in os.environ.items() if k != "VIT_TEST_CRASH_AT"}
     if crash_at:

@@ -209,3 +209,49 @@ def test_warmup_steps_counts_optimizer_steps():
     scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=7)
     scheduler.step_update(15)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # half-way through 30 steps
+
+
+@pytest.mark.parametrize("n, replicas, repeats, selected_round", [(1437, 1, 3, 256), (1437, 2, 3, 256),
+                                                                  (100, 3, 3, 256), (96, 2, 3, 0)])
+def test_repeated_aug_sampler_is_deits_index_for_index_and_resumes(n, replicas, repeats, selected_round):
+    """ResumableSampler(num_repeats=3) gives timm's RepeatAugSampler (DeiT's RASampler) order on every rank,
+    each copy under its own virtual index, and restarts at any position of the epoch."""
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    from vit.data import ResumableSampler
+
+    for epoch in (0, 1):
+        ranks = []
+        for rank in range(replicas):
+            ours = ResumableSampler(n, True, seed=0, num_replicas=replicas, rank=rank, num_repeats=repeats,
+                                    selected_round=selected_round)
+            timm_sampler = RepeatAugSampler(range(n), num_replicas=replicas, rank=rank, num_repeats=repeats,
+                                            selected_round=selected_round)
+            ours.set_epoch(epoch)
+            timm_sampler.set_epoch(epoch)  # timm seeds with the epoch alone: ours with seed + epoch
+            order = list(ours)
+            assert [i % n for i in order] == list(timm_sampler) and len(order) == ours.per_rank()
+            ours.set_epoch(epoch, position=7)
+            assert list(ours) == order[7:] and len(ours) == len(order) - 7
+            ranks.append(order)
+        everything = [i for order in ranks for i in order]
+        assert len(set(everything)) == len(everything) or selected_round == 0  # no copy twice (unless padded)
+        copies = {}
+        for i in everything:
+            copies.setdefault(i % n, set()).add(i // n)
+        assert max(len(c) for c in copies.values()) == repeats  # an image's copies, each its own index
+
+
+def test_repeated_copies_get_their_own_augmentation():
+    from vit.data import SeededDataset
+
+    class Noisy(torch.utils.data.Dataset):  # a random augmentation of a fixed image
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.full((3,), float(i)) + torch.rand(3)
+
+    data = SeededDataset(Noisy(), seed=0)
+    assert torch.equal(data[1], data[1])  # the same (seed, epoch, index): the same augmentation
+    assert data[1 + 4].floor().tolist() == [1.0] * 3 and not torch.equal(data[1], data[1 + 4])  # copy 1 of image 1

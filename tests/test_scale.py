@@ -59,7 +59,10 @@ def runs(tmp_path_factory):
             "ddp": run_train(tmp / "ddp", digits, 2, "grad_ckpt=true", "grad_accum=2"),
             "fsdp": run_train(tmp / "fsdp", digits, 2, "strategy=fsdp", "grad_accum=2"),
             "fsdp_resume": run_train(tmp / "fsdp_resume", digits, 2, "strategy=fsdp",
-                                     f"resume={tmp / 'one' / 'checkpoints' / 'step_00000022.pt'}")}
+                                     f"resume={tmp / 'one' / 'checkpoints' / 'step_00000022.pt'}"),
+            # DeiT's repeated augmentation: each image 3 times per epoch, the copies on the other rank
+            "ra_one": run_train(tmp / "ra_one", digits, 1, "repeated_aug.repeats=3"),
+            "ra_ddp": run_train(tmp / "ra_ddp", digits, 2, "repeated_aug.repeats=3")}
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -75,6 +78,15 @@ def test_two_gloo_processes_match_one_process(runs, mode):
     summary = json.loads((runs["tmp"] / mode / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == mode and summary["micro_batch"] == 8
     assert not (runs["tmp"] / mode / "wandb").exists()
+
+
+def test_repeated_augmentation_over_two_processes_matches_one_process(runs):
+    """repeated_aug.repeats=3: 1437 images give 1280 samples per epoch (DeiT rounds to 256), 40 steps of 32; the
+    2 ranks' shares of the interleaved copies make the same global batches as one process."""
+    one, two = losses(runs["ra_one"]), losses(runs["ra_ddp"])
+    assert len(one) == len(two) == 1280 // 32
+    assert two == pytest.approx(one, rel=1e-4) and one != losses(runs["one"])[:40]
+    assert val(runs["ra_ddp"])["val/loss"] == pytest.approx(val(runs["ra_one"])["val/loss"], rel=1e-4)
 
 
 def test_fsdp_checkpoint_is_a_full_state_dict_that_loads_on_one_process(runs):

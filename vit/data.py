@@ -8,7 +8,9 @@ Every real dataset is a folder ``root/train/<class>/*`` and ``root/val/<class>/*
 Resumable order: :class:`ResumableSampler` gives the same permutation for a given (seed, epoch) and
 can start at any position, and :class:`SeededDataset` draws each sample's augmentation from a seed
 made of (seed, epoch, index), so a run restarted mid-epoch sees exactly the samples and augmentations
-the uninterrupted run would have seen, whatever the number of loader workers.
+the uninterrupted run would have seen, whatever the number of loader workers. With repeated
+augmentation (DeiT's RASampler) the sampler yields a virtual index ``i + r·n`` for copy ``r`` of image
+``i``, so each copy gets its own augmentation.
 """
 from __future__ import annotations
 
@@ -109,6 +111,8 @@ def build_transform(cfg, is_training: bool):
 
 class SeededDataset(Dataset):
     """Wraps a dataset so sample ``i`` in epoch ``e`` is augmented with RNGs seeded from (seed, e, i).
+    An index ``i + r·n`` (n = the dataset's length; :class:`ResumableSampler`'s repeated copies) is image
+    ``i`` with its own seed.
 
     The torch, numpy and python RNGs are seeded for the call and restored afterwards, so the
     caller's random streams (dropout, drop-path) are untouched when loading in the main process.
@@ -128,7 +132,7 @@ class SeededDataset(Dataset):
             random.seed(sample_seed)
             np.random.seed(sample_seed)
             try:
-                return self.dataset[index]
+                return self.dataset[index % len(self.dataset)]
             finally:
                 random.setstate(py_state)
                 np.random.set_state(np_state)
@@ -140,18 +144,36 @@ class ResumableSampler(Sampler[int]):
     With ``num_replicas > 1`` the permutation is padded to a multiple of ``num_replicas`` and rank
     ``r`` takes every ``num_replicas``-th index from ``r`` (as ``DistributedSampler``).
     ``position`` counts this rank's samples already consumed in the epoch.
+
+    ``num_repeats=k > 1``: repeated augmentation (Hoffer et al., 2020; DeiT's ``RASampler``, timm's
+    ``RepeatAugSampler``, index for index with ``seed + epoch`` as their epoch): each image of the
+    permutation appears k times in a row, rank ``r`` takes every ``num_replicas``-th entry from ``r``
+    (so the copies land on different ranks, or in one batch on one process), and an epoch stops after
+    ``n // selected_round * selected_round / num_replicas`` samples per rank (``selected_round=0``, or
+    n < selected_round: ``ceil(n / num_replicas)``), one dataset's worth. Copy ``c`` of image ``i`` is
+    yielded as ``i + c·n``, which :class:`SeededDataset` maps back to ``i`` with its own augmentation.
     """
 
-    def __init__(self, num_samples: int, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0):
+    def __init__(self, num_samples: int, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0,
+                 num_repeats: int = 1, selected_round: int = 256):
         self.num_samples, self.shuffle, self.seed = num_samples, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
+        self.num_repeats, self.selected_round = num_repeats, selected_round
         self.epoch, self.position = 0, 0
 
     def set_epoch(self, epoch: int, position: int = 0) -> None:
         self.epoch, self.position = epoch, position
 
     def per_rank(self) -> int:
-        return -(-self.num_samples // self.num_replicas)
+        """Samples this rank takes in one epoch."""
+        n, replicas = self.num_samples, self.num_replicas
+        if self.num_repeats == 1:
+            return -(-n // replicas)
+        if self.selected_round and n >= self.selected_round:
+            selected = n // self.selected_round * self.selected_round // replicas
+        else:
+            selected = -(-n // replicas)
+        return min(selected, -(-n * self.num_repeats // replicas))
 
     def __iter__(self):
         if self.shuffle:
@@ -159,9 +181,12 @@ class ResumableSampler(Sampler[int]):
             order = torch.randperm(self.num_samples, generator=gen)
         else:
             order = torch.arange(self.num_samples)
-        total = self.per_rank() * self.num_replicas
-        order = torch.cat([order, order[: total - self.num_samples]])  # pad by wrapping
-        yield from order[self.rank::self.num_replicas][self.position:].tolist()
+        if self.num_repeats > 1:  # [a, a+n, a+2n, b, b+n, ...]: the copies of each image, in a row
+            k = self.num_repeats
+            order = order.repeat_interleave(k) + self.num_samples * torch.arange(k).repeat(self.num_samples)
+        total = -(-len(order) // self.num_replicas) * self.num_replicas
+        mine = torch.arange(self.rank, total, self.num_replicas)[:self.per_rank()] % len(order)  # pad by wrapping
+        yield from order[mine][self.position:].tolist()
 
     def __len__(self) -> int:
         return self.per_rank() - self.position
@@ -238,9 +263,11 @@ def folder_options(cfg) -> dict:
 
 
 def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_replicas: int = 1,
-               rank: int = 0) -> Data:
+               rank: int = 0, num_repeats: int = 1, selected_round: int = 256) -> Data:
     """Loaders for a ``data`` config (``digits``, ``imagefolder`` or ``synthetic``).
 
+    ``num_repeats > 1``: repeated augmentation (see :class:`ResumableSampler`); synthetic data, which
+    has no sampler, says so and ignores it.
     With ``num_replicas`` processes, rank ``rank`` trains on its :class:`ResumableSampler` share and
     validates on every ``num_replicas``-th val image from ``rank`` (no padding, so summed counts are
     exact); synthetic data gives each rank ``train_samples // num_replicas`` (and the same share of
@@ -252,6 +279,9 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
         RuntimeError: too many undecodable files (``data.max_bad_fraction``).
     """
     if cfg.name == "synthetic":
+        if num_repeats > 1:
+            print(f"[data] repeated_aug.repeats={num_repeats} does not apply to data=synthetic (random images, "
+                  f"no sampler): each step draws new ones")
         val_share = cfg.val_samples // num_replicas + (rank < cfg.val_samples % num_replicas)
         train = SyntheticLoader(cfg.train_samples // num_replicas, micro_batch, cfg.img_size, cfg.num_classes, device,
                                 seed + 2 * rank)
@@ -264,7 +294,8 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False), **folder_args)
     check_same_classes(train_set, val_set)
     seeded = SeededDataset(train_set, seed)
-    sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank)
+    sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank,
+                               num_repeats=num_repeats, selected_round=selected_round)
     pin = torch.device(device).type == "cuda"
     workers = resolve_num_workers(cfg.num_workers)
     # Own generators: creating an iterator then draws worker seeds without touching the global RNG,

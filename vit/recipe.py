@@ -52,8 +52,8 @@ def mixup_active(m) -> bool:
 
 
 def check_recipe_config(cfg) -> None:
-    """The ``mixup``, ``ema`` groups and ``optim.layer_decay``, ``schedule.warmup_steps`` hold values that
-    can run (ValueError naming key and value)."""
+    """The ``mixup``, ``ema`` groups, ``repeated_aug``, ``optim.layer_decay`` and ``schedule.warmup_steps``
+    hold values that can run (ValueError naming key and value)."""
     m, e = cfg.mixup, cfg.ema
     for key in ("mixup_alpha", "cutmix_alpha"):
         _require(m[key] >= 0, f"mixup.{key}", m[key], "a Beta-distribution alpha >= 0 (0 = off)")
@@ -66,6 +66,11 @@ def check_recipe_config(cfg) -> None:
     _require(m.loss in MIXUP_LOSSES, "mixup.loss", m.loss, f"one of {', '.join(MIXUP_LOSSES)}")
     _require(isinstance(m.off_epoch, int) and m.off_epoch >= 0, "mixup.off_epoch", m.off_epoch,
              "an integer >= 0: the epoch (0-based) from which batches are no longer mixed; 0 = never")
+    ra = cfg.repeated_aug
+    _require(isinstance(ra.repeats, int) and ra.repeats >= 1, "repeated_aug.repeats", ra.repeats,
+             "an integer >= 1 (1 = off; DeiT uses 3)")
+    _require(isinstance(ra.selected_round, int) and ra.selected_round >= 0, "repeated_aug.selected_round",
+             ra.selected_round, "an integer >= 0 (0 = an epoch is the dataset size, not rounded)")
     ld = cfg.optim.get("layer_decay")
     _require(ld is None or 0 < ld <= 1, "optim.layer_decay", ld, "null (off) or a factor in (0, 1], e.g. 0.65")
     steps = cfg.schedule.get("warmup_steps")
