@@ -332,8 +332,8 @@ _SM90_SMOKE = """
 import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
-for d in (64, 128):
-    q, k, v = (torch.randn(2, 3, 300, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+for n, d in ((1, 64), (300, 64), (300, 128)):  # one tile; several, wrapping the 2-stage rings
+    q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v).sum().backward()
 torch.cuda.synchronize()
 print("finished")

@@ -6,8 +6,10 @@ tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`
 (see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). On compute capability 9.0 (H100, H200) the forward at
 head_dim 64 and 128 runs a Hopper kernel instead (``csrc/fwd_sm90.cuh``, after FlashAttention-3,
 Shah et al., 2024: TMA loads, ``wgmma`` from shared memory, a producer warpgroup feeding two consumer
-warpgroups through mbarriers); the backward is the mma.sync one everywhere. ``VIT_CUDA_FWD``
-(auto, sm80, sm90) forces a forward, see :func:`ops.fwd_path`. Contract: see :mod:`kernels`.
+warpgroups through mbarriers). A Hopper backward on the same machinery (``csrc/bwd_sm90.cuh``) runs
+only when asked for (``VIT_CUDA_BWD=sm90``) until it has passed the GPU tests. ``VIT_CUDA_FWD`` and
+``VIT_CUDA_BWD`` (auto, sm80, sm90) choose, see :func:`ops.fwd_path`; neither Hopper kernel has been
+run on a GPU yet (benchmarks/results/cuda_h200.md). Contract: see :mod:`kernels`.
 Limits of this backend:
 
 - dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.
