@@ -184,7 +184,8 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
 
     env = environment(backend, device)
     logger = RunLogger(cfg.logger, out_dir, {**cfg_dict, "env": env, "out_dir": str(out_dir),
-                                             "resumed_from": str(resume[0]) if resume else None}, rank)
+                                             "resumed_from": str(resume[0]) if resume else None}, rank,
+                       resume_step=state.step if resume else None, run_id=resume[1].get("wandb_id") if resume else None)
     if rank == 0:  # one row per finished epoch: a resumed run rewrites those past its checkpoint
         trim_summary_csv(out_dir / "summary.csv", state.epoch)
     logger.print(f"[run] {out_dir} | model {margs['size']} (patch {margs['patch_size']}, img {margs['img_size']}, "
@@ -197,13 +198,14 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     def payload(with_optimizer: bool = True) -> dict | None:
         """The checkpoint's content on rank 0 (None elsewhere); a collective under FSDP (all ranks call it)."""
         weights, ema = model_state_dict(model), recipe.ema_state_dict()
+        state.train_seconds = seconds_before + time.perf_counter() - t_start
         optim_state = optimizer_state_dict(model, optimizer) if with_optimizer else None
         if rank != 0:
             return None
         out = {"model": weights, **ema, **state.state_dict(),
                "sampler": {"epoch": state.epoch, "position": state.step_in_epoch * cfg.grad_accum * micro_batch},
                "rng": capture_rng_state(), "config": cfg_dict, "model_args": margs, "classes": list(data.classes),
-               "backend": backend, "metrics": last_val}
+               "backend": backend, "metrics": last_val, "wandb_id": logger.run_id}
         if with_optimizer:
             out["optimizer"] = optim_state
         return out
@@ -224,7 +226,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         if every > 0 and s.step % every == 0 and s.step_in_epoch < steps_per_epoch:
             save_step()
 
-    last_val, history, last_path, t_start = {}, [], None, time.perf_counter()
+    last_val, history, last_path, t_start, seconds_before = {}, [], None, time.perf_counter(), state.train_seconds
     if state.epoch >= cfg.epochs:
         logger.print(f"[run] nothing to train: the checkpoint is at epoch {state.epoch} of epochs={cfg.epochs}; "
                      f"raise epochs to continue")
@@ -257,7 +259,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
             if rank == 0:
                 save_checkpoint(ckpt_dir / "best.pt", best)
         last_path = save_step()
-    train_seconds = time.perf_counter() - t_start
+    train_seconds = state.train_seconds = seconds_before + time.perf_counter() - t_start
 
     run_steps = sum(len(e) - 1 for e in step_ends)
     images_per_s, timed_steps = steady_images_per_s(step_ends, cfg.batch_size, skip=min(5, run_steps // 2))
@@ -281,14 +283,19 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
               "checkpoint": str(last_path) if last_path else None, "best_checkpoint": str(ckpt_dir / "best.pt"),
               "wandb_dir": wandb_dir, "backend": backend, "train_seconds": train_seconds, "steps": state.step}
     if rank == 0 and last_val:
-        print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, "
-              f"loss {last_val['loss']:.4f}) "
-              f"after {state.epoch} epochs, {train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
-        print(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
-        print(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
-              else "W&B run:    none (logger=none)")
-        print(f"evaluate:   python eval.py checkpoint={last_path}")
+        print_report(last_val, state, last_path, ckpt_dir, wandb_dir)
     return result
+
+
+def print_report(last_val: dict, state: TrainState, last_path: Path | None, ckpt_dir: Path,
+                 wandb_dir: str | None) -> None:
+    """The run's last lines: final and best top-1, the checkpoints, the W&B run, the eval command."""
+    print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, loss {last_val['loss']:.4f}) "
+          f"after {state.epoch} epochs, {state.train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
+    print(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
+    print(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
+          else "W&B run:    none (logger=none)")
+    print(f"evaluate:   python eval.py checkpoint={last_path}")
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")

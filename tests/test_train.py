@@ -100,6 +100,30 @@ def test_resume_from_epoch_1_reproduces_epoch_2_exactly(run_a, digits_root, tmp_
     assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
 
 
+def test_resumed_run_continues_its_wandb_run_metrics_and_clock(run_a, digits_root, tmp_path, monkeypatch):
+    """Resume run_a's folder from its epoch-1 checkpoint: the W&B run id is kept, metrics.jsonl holds each step
+    once (the lines past step 44 are dropped, then logged again with the same losses), time adds up."""
+    out = tmp_path / "out"
+    shutil.copytree(run_a["out_dir"], out, ignore=shutil.ignore_patterns("wandb"))
+    epoch1 = next(p for p in list_checkpoints(out / "checkpoints") if load_checkpoint(p)["step"] == 44)
+    ckpt = load_checkpoint(epoch1)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_cfg("train", ["epochs=2", f"out_dir={out}", f"data.root={digits_root}", "attention=naive",
+                                "logger=wandb", f"resume={epoch1}", "progress=false", "schedule.warmup_epochs=0.5",
+                                "log_every=5", "checkpoint.every_steps=15", "checkpoint.keep_last=0"])
+    resumed = train(cfg)
+    run_id = Path(run_a["wandb_dir"]).name.rsplit("-", 1)[1]
+    assert ckpt["wandb_id"] == run_id and Path(resumed["wandb_dir"]).name.endswith(f"-{run_id}")
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    original = [json.loads(line) for line in (Path(run_a["out_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "val/top1" in r) for r in lines] == [(r["step"], "val/top1" in r) for r in original]
+    assert [r.get("train/loss") for r in lines] == [r.get("train/loss") for r in original]  # CPU: exact
+    assert 0 < ckpt["train_seconds"] < resumed["train_seconds"]
+    assert json.loads((out / "summary.json").read_text())["train_seconds"] == resumed["train_seconds"]
+    assert load_checkpoint(resumed["checkpoint"])["train_seconds"] == pytest.approx(resumed["train_seconds"], abs=1)
+
+
 def test_mid_epoch_resume_reproduces_final_weights(run_a, digits_root, tmp_path):
     mid = [p for p in step_ckpts(run_a) if load_checkpoint(p)["step_in_epoch"] > 0]
     assert mid, "checkpoint.every_steps=15 should have written mid-epoch checkpoints"

@@ -32,6 +32,7 @@ class TrainState:
     step_in_epoch: int = 0  # finished optimizer steps in the current epoch (> 0: mid-epoch)
     best_top1: float = -1.0
     nonfinite_skips: int = 0
+    train_seconds: float = 0.0  # training and validation time (s), summed over the run's resumed segments
 
     def state_dict(self) -> dict:
         return asdict(self)

@@ -13,6 +13,10 @@ variables are copied into it, and :func:`scrub_secrets` redacts secrets a config
 ``logger=none`` keeps the console output and writes no W&B run.
 Every logged line is also appended to ``out_dir/metrics.jsonl`` (``{"step": ..., key: value, ...}``)
 and kept in ``RunLogger.records``, whatever the logger, for scripts and tests to read.
+Resuming (``resume_step``, ``run_id``): the lines past the checkpoint's step are dropped from
+``metrics.jsonl`` (the resumed run logs those steps again, so each step appears once), and W&B continues
+the checkpoint's run (``wandb.init(id=..., resume="allow")``); offline, each segment is its own
+``offline-run-*-<id>`` folder, and ``wandb sync`` of them all uploads one run.
 """
 from __future__ import annotations
 
@@ -68,6 +72,20 @@ def format_metrics(metrics: dict) -> str:
     return "  ".join(parts)
 
 
+def trim_metrics(path: Path, last_step: int) -> int:
+    """Drop the lines of ``metrics.jsonl`` logged after optimizer step ``last_step`` (a resumed run logs them
+    again), rewriting the file atomically; return how many were dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= last_step]
+    if len(kept) < len(lines):
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return len(lines) - len(kept)
+
+
 class RunLogger:
     """Console + optional W&B run. Non-zero ranks print nothing and log nothing.
 
@@ -79,20 +97,29 @@ class RunLogger:
         rank: process rank; only rank 0 logs.
     """
 
-    def __init__(self, cfg, out_dir: str | os.PathLike, run_config: dict, rank: int = 0):
+    def __init__(self, cfg, out_dir: str | os.PathLike, run_config: dict, rank: int = 0,
+                 resume_step: int | None = None, run_id: str | None = None):
         self.rank, self.run, self.records = rank, None, []
         self.jsonl = Path(out_dir) / "metrics.jsonl"
         if rank != 0:
             return
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            trim_metrics(self.jsonl, resume_step)
         if cfg.name == "none":
             return
         import wandb
 
         self.run = wandb.init(project=cfg.project, name=cfg.run_name, tags=list(cfg.tags or []), mode=cfg.mode,
-                              dir=str(out_dir), config=scrub_secrets(run_config), reinit="finish_previous")
+                              dir=str(out_dir), config=scrub_secrets(run_config), reinit="finish_previous",
+                              id=run_id, resume="allow" if run_id else None)
         self.run.define_metric("val/*", step_metric="epoch")
         self.run.summary["backend"] = run_config.get("env", {}).get("backend")
+
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run's id (kept in checkpoints, so a resumed run continues the same W&B run), or None."""
+        return self.run.id if self.run is not None else None
 
     @property
     def run_dir(self) -> str | None:
