@@ -400,6 +400,36 @@ def test_sm90_size_one_batch_or_heads(B, H, N, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_each_stage_against_float64(head_dim):
+    """Every output of the Hopper kernels against float64 in one report, to tell a wrong stage apart
+    when test_sm90_matches_float64 fails: lse checks Q·Kᵀ and the softmax statistics alone; out adds
+    P·V; the backward's dv needs only P and dO, dk adds dS, dq adds dS·K. Bound: 2× the mma.sync
+    kernels' error on the same inputs + 1e-3 (a stage with a layout bug is off by O(1))."""
+    if not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    q, k, v = make_qkv(2, 3, 300, head_dim, dtype=torch.bfloat16, device="cuda")
+    scale = head_dim**-0.5
+    ref_out, (rq, rk, rv) = reference_attention(q, k, v)
+    do = torch.randn_like(ref_out)
+    ref_out.backward(do)
+    ref_lse = torch.logsumexp(rq.detach() @ rk.detach().transpose(-2, -1) * scale, dim=-1)
+    refs = {"lse": ref_lse, "out": ref_out.detach(), "dq": rq.grad, "dk": rk.grad, "dv": rv.grad}
+    q, k, v = q.detach(), k.detach(), v.detach()
+    errs = {}
+    for path in ("sm80", "sm90"):
+        ext = build.extension()
+        fwd, bwd = (ext.fwd_sm90, ext.bwd_sm90) if path == "sm90" else (ext.fwd, ext.bwd)
+        out, lse = fwd(q, k, v, scale)
+        grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale) if path == "sm90" else bwd(
+            do.to(q.dtype), q, k, v, out, lse, scale, 8)
+        got = {"lse": lse, "out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+        errs[path] = {name: max_err(got[name], ref) for name, ref in refs.items()}
+    bad = [name for name in refs if not errs["sm90"][name] <= 2 * errs["sm80"][name] + 1e-3]
+    assert not bad, f"sm90 stages off: {bad}; max errors {errs}"
+
+
+@pytest.mark.gpu
 def test_auto_runs_the_sm90_forward_on_hopper():
     if not _is_hopper():
         pytest.skip("needs a compute capability 9.0 GPU")
