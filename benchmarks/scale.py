@@ -25,7 +25,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import DEFAULT_OUT, environment, markdown_header, markdown_table, print_environment, write_outputs
+from benchmarks.common import (
+    DEFAULT_OUT,
+    environment,
+    markdown_header,
+    markdown_table,
+    print_environment,
+    write_outputs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = ["epochs=1", "logger=none", "progress=false", "log_every=5", "checkpoint.keep_last=1"]
@@ -149,8 +156,8 @@ def main(argv=None) -> dict:
             rows[name] = run_one(name, PRESETS[args.preset], device, runs_dir, log)
             print(f"{name:<16} {rows[name].get('images_per_s') or float('nan'):8.0f} images/s  {rows[name]['status']}",
                   flush=True)
-    notes = ["images/s: train.py's steady state (global, all processes), optimizer steps after the first 5; "
-             "peak: rank 0's max_memory_allocated."]
+    notes = [("images/s: train.py's steady state (global, all processes), optimizer steps after the first 5; "
+              "peak: rank 0's max_memory_allocated.")]
     if device != "cuda":
         notes.append("**CPU run (gloo, sdpa for flash): wall-clock times only. Not a GPU result.**")
     lines = findings(rows, log_path.read_text(errors="replace"), device)

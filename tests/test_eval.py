@@ -74,14 +74,14 @@ def peer_loss(setup) -> float:
 
 def readme_eval_commands() -> list[str]:
     """Every ``python eval.py ...`` line of the README's bash blocks, without its trailing comment."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
     return [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
             if line.startswith("python eval.py")]
 
 
 def readme_overrides(command: str, setup) -> list[str]:
     """The command's Hydra overrides with the README's placeholder paths replaced by the test's files."""
-    run, tmp = setup["run"], setup["tmp"]
+    run = setup["run"]
     places = {"outputs/<date>/<time>/checkpoints/step_00001320.pt": run["checkpoint"], "...": run["best_checkpoint"],
               ".../best.pt": run["best_checkpoint"], "/data/imagenet": setup["folder"], "/data/other": setup["other"]}
     out = []
@@ -122,7 +122,7 @@ def test_bare_pth_state_dict_equals_safetensors(setup):
 
 
 def test_bare_state_dict_needs_model_and_data(setup):
-    for extra in (["model=tiny"], [f"data=imagefolder", f"data.root={setup['folder']}"]):
+    for extra in (["model=tiny"], ["data=imagefolder", f"data.root={setup['folder']}"]):
         cfg = compose_cfg("eval", [f"checkpoint={setup['tmp'] / 'vit_tiny.pth'}", "logger=none", *extra])
         with pytest.raises(ValueError, match="bare state dict without a config; pass model=<size> and data="):
             evaluate_checkpoint(cfg)
