@@ -154,7 +154,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     margs = model_args(cfg, len(data.classes))
     for message in config_warnings(cfg, margs, backend, micro_batch, steps_per_epoch):
         warnings.warn(message, ConfigWarning, stacklevel=1)
-    model = build_model(margs, backend).to(device)  # the same initial weights on every rank (same seed)
+    model = build_model(margs, backend, cfg.attention).to(device)  # the same initial weights on every rank (same seed)
     state = TrainState()
     if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer
         init_path = to_absolute_path(cfg.init_from)

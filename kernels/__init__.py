@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -54,17 +55,31 @@ def available_backends() -> list[str]:
     return sorted(BACKENDS)
 
 
-def get_attention(name: str) -> AttentionFn:
+def _with_options(name: str, fn: AttentionFn, options: dict) -> AttentionFn:
+    """``fn`` with backend-specific keyword options bound; unknown ones raise ``ValueError``."""
+    if not options:
+        return fn
+    valid = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"attention backend {name!r} has no option {', '.join(unknown)}; its options are: "
+                         f"{', '.join(valid) or 'none'} (set them with attention.<option>=<value>)")
+    return functools.partial(fn, **options)
+
+
+def get_attention(name: str, **options) -> AttentionFn:
     """Return the attention function registered under ``name``.
 
     Args:
         name: one of :func:`available_backends` (``naive``, ``sdpa``, ``flash``, ``cuda``).
+        **options: the backend's own keyword-only options (e.g. flash's ``fp32_delta``), bound.
 
     Returns:
         A callable following the contract in this module's docstring.
 
     Raises:
-        ValueError: ``name`` is not a registered backend; the message lists the valid names.
+        ValueError: ``name`` is not a registered backend (the message lists the valid names), or an
+            option the backend does not take (the message lists those it takes).
         RuntimeError: the backend exists but cannot run here (no GPU, no compiler, ...); the
             message says what is missing and how to fix it. There is never a silent fallback.
     """
@@ -75,7 +90,7 @@ def get_attention(name: str) -> AttentionFn:
         )
     module_name, attr = BACKENDS[name]
     module = importlib.import_module(module_name)
-    return getattr(module, attr)
+    return _with_options(name, getattr(module, attr), options)
 
 
 def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,12 +109,12 @@ def _split_then(attention: AttentionFn, qkv: torch.Tensor, softmax_scale: float 
     return attention(*split_qkv(qkv), softmax_scale=softmax_scale)
 
 
-def get_attention_qkvpacked(name: str) -> AttentionFn:
+def get_attention_qkvpacked(name: str, **options) -> AttentionFn:
     """Return the packed-qkv form of backend ``name`` (see this module's docstring).
 
     The backend's own ``attention_qkvpacked`` if it has one, else :func:`split_qkv` followed by its
-    ``attention``. Raises what :func:`get_attention` raises.
+    ``attention``; ``options`` as :func:`get_attention`. Raises what :func:`get_attention` raises.
     """
-    attention = get_attention(name)
+    attention = get_attention(name, **options)
     packed = getattr(importlib.import_module(BACKENDS[name][0]), "attention_qkvpacked", None)
-    return packed or functools.partial(_split_then, attention)
+    return _with_options(name, packed, options) if packed else functools.partial(_split_then, attention)

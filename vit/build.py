@@ -16,6 +16,7 @@ from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
+from vit.logger import info
 from vit.model import SIZES, VisionTransformer, create_model
 from vit.recipe import check_recipe_config
 
@@ -182,7 +183,7 @@ def resolve_backend(name: str, device: torch.device, amp_dtype: torch.dtype | No
     """
     if name == "auto":
         name = "flash" if device.type == "cuda" else "naive"
-        print(f"[attention] attention=auto chose {name!r} (device {device.type})")
+        info(f"[attention] attention=auto chose {name!r} (device {device.type})")
     try:
         get_attention(name)
     except ImportError as e:
@@ -217,9 +218,18 @@ def model_args(cfg, num_classes: int) -> dict:
             "global_pool": m.get("global_pool", "token"), "pos_embed": m.get("pos_embed", "learn")}
 
 
-def build_model(args: dict, backend: str) -> VisionTransformer:
+def attention_options(attention_cfg) -> dict:
+    """The attention group's options for its backend: every key but ``name`` (e.g. flash's ``fp32_delta``)."""
+    return {k: v for k, v in attention_cfg.items() if k != "name"} if attention_cfg is not None else {}
+
+
+def build_model(args: dict, backend: str, attention_cfg=None) -> VisionTransformer:
+    """The model of ``args`` (:func:`model_args`) with ``backend`` and the options of ``attention_cfg``.
+
+    Raises:
+        ValueError: an option the backend does not take (the message lists those it takes)."""
     args = dict(args)
-    return create_model(args.pop("size"), attention=backend, **args)
+    return create_model(args.pop("size"), attention=backend, attention_options=attention_options(attention_cfg), **args)
 
 
 def effective_lr(cfg) -> float:

@@ -84,9 +84,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.set_attention(attention)
 
-    def set_attention(self, name: str) -> None:
+    def set_attention(self, name: str, **options) -> None:
         self.backend = name
-        self.attn_fn = get_attention_qkvpacked(name)
+        self.attn_fn = get_attention_qkvpacked(name, **options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
@@ -140,6 +140,7 @@ class VisionTransformer(nn.Module):
         drop_rate: dropout after the position embedding and before the head.
         drop_path_rate: stochastic depth, linearly increasing over blocks to this value.
         attention: backend name from `kernels.available_backends()`.
+        attention_options: that backend's keyword options (e.g. ``{"fp32_delta": True}`` for flash).
         global_pool: 'token' (class token -> head) or 'avg' (no class token; mean of the normed tokens).
         pos_embed: 'learn' (trained, truncated-normal init) or 'sincos2d' (fixed, :func:`posemb_sincos_2d`).
 
@@ -151,7 +152,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 768, depth: int = 12, num_heads: int = 12, mlp_ratio: float = 4.0,
                  drop_rate: float = 0.0, drop_path_rate: float = 0.0, attention: str = "naive",
-                 global_pool: str = "token", pos_embed: str = "learn"):
+                 global_pool: str = "token", pos_embed: str = "learn", attention_options: dict | None = None):
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool={global_pool!r}: use 'token' (class token) or 'avg' (mean of the tokens)")
@@ -170,6 +171,8 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if attention_options:
+            self.set_attention(attention, **attention_options)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -189,10 +192,10 @@ class VisionTransformer(nn.Module):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
 
-    def set_attention(self, name: str) -> None:
-        """Swap every block's attention backend (weights are untouched)."""
+    def set_attention(self, name: str, **options) -> None:
+        """Swap every block's attention backend, with its options (weights are untouched)."""
         for block in self.blocks:
-            block.attn.set_attention(name)
+            block.attn.set_attention(name, **options)
 
     @property
     def seq_len(self) -> int:

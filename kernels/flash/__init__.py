@@ -25,7 +25,16 @@ import torch
 
 from .. import split_qkv
 from . import configs
-from .op import EagerAttention, EagerAttentionQKVPacked, bwd, bwd_qkvpacked, fwd, fwd_qkvpacked
+from .op import (
+    EagerAttention,
+    EagerAttentionQKVPacked,
+    bwd,
+    bwd_qkvpacked,
+    fwd,
+    fwd_fp32_delta,
+    fwd_qkvpacked,
+    fwd_qkvpacked_fp32_delta,
+)
 
 __all__ = ["attention", "attention_qkvpacked", "bwd", "bwd_qkvpacked", "fwd", "fwd_qkvpacked"]
 
@@ -74,12 +83,19 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None, *,
+              fp32_delta: bool = False) -> torch.Tensor:
     """FlashAttention-2 ``softmax(q kᵀ · softmax_scale) v``; contract in :mod:`kernels`.
 
     Args:
         q, k, v: ``(B, H, N, d)`` float16/bfloat16/float32, one dtype and device, any strides.
         softmax_scale: positive float, default ``d ** -0.5``.
+        fp32_delta: form the backward's ``delta = rowsum(dO ∘ O)`` (Dao 2023, Algorithm 2, line 4)
+            from the float32 output instead of ``out`` rounded to its dtype: the forward also keeps
+            the rounding residual (one more out-sized tensor per call, written and read once).
+            Without it, dq and dk lose their accuracy when attention logits are huge (|q·k|·scale
+            ≳ 10³ in bf16: P is nearly one-hot and dS = P ∘ (dP − delta) is a small difference that
+            delta's rounding error swamps); with it they stay within 2× SDPA math's error there.
 
     Returns:
         ``out``: ``(B, H, N, d)``, q's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable in q, k, v.
@@ -92,12 +108,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
             time, a second derivative (``create_graph=True`` through the gradient): not implemented.
     """
     softmax_scale = _check(q, k, v, softmax_scale)
-    if _tracing():
-        return fwd(q, k, v, softmax_scale)[0]  # the torch.library op, which compile traces
-    return EagerAttention.apply(q, k, v, softmax_scale)  # (B, H, N, d); same kernels, less CPU per call
+    if _tracing():  # the torch.library op, which compile traces
+        return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
+    return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)  # (B, H, N, d); same kernels, less CPU
 
 
-def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *,
+                        fp32_delta: bool = False) -> torch.Tensor:
     """:func:`attention` on a packed ``(B, N, 3, H, d)`` qkv; the packed contract is in :mod:`kernels`.
 
     Same kernels and result as ``attention(*split_qkv(qkv))``, bitwise; the backward writes dq, dk
@@ -108,6 +125,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
     Args:
         qkv: ``(B, N, 3, H, d)`` float16/bfloat16/float32, any strides (q, k, v along dim 2).
         softmax_scale: positive float, default ``d ** -0.5``.
+        fp32_delta: as :func:`attention`.
 
     Returns:
         ``out``: ``(B, H, N, d)``, qkv's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable
@@ -122,5 +140,5 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None) -
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
     if _tracing():
-        return fwd_qkvpacked(qkv, softmax_scale)[0]
-    return EagerAttentionQKVPacked.apply(qkv, softmax_scale)  # (B, H, N, d)
+        return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
+    return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)  # (B, H, N, d)

@@ -48,13 +48,13 @@ def _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, start_n, N, qk_scale, offs_n
 
 @triton.jit
 def flash_fwd_tma_kernel(
-    Q, K, V, Out, Lse, qk_scale,
+    Q, K, V, Out, Lse, Res, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     H, N, N_BUCKET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, STORE_RES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_M)·B·H,); arguments as ``flash_fwd_kernel`` (the ``stride_*d`` must be 1)."""
@@ -86,7 +86,12 @@ def flash_fwd_tma_kernel(
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * _LN2
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
-    desc_o.store([start_m * BLOCK_M, 0], acc.to(Out.dtype.element_ty))
+    o = acc.to(Out.dtype.element_ty)
+    desc_o.store([start_m * BLOCK_M, 0], o)
+    if STORE_RES:
+        desc_r = tl.make_tensor_descriptor(Res + off_b * stride_ob + off_h * stride_oh, shape=[N, HEAD_DIM],
+                                           strides=[stride_on, 1], block_shape=[BLOCK_M, HEAD_DIM_PADDED])
+        desc_r.store([start_m * BLOCK_M, 0], (acc - o.to(tl.float32)).to(Out.dtype.element_ty))
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:

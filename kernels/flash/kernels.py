@@ -95,16 +95,18 @@ def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
 
 @triton.jit
 def flash_fwd_kernel(
-    Q, K, V, Out, Lse, qk_scale,
+    Q, K, V, Out, Lse, Res, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     H, N, N_BUCKET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, STORE_RES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M)·B·H,). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only."""
+    """Grid (cdiv(N, BLOCK_M)·B·H,). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only.
+    ``STORE_RES``: also write ``Res`` (out's strides) = float32 out − out rounded to out's dtype, which
+    the backward adds back when it forms delta (see the module docstring)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     start_m, off_bh = _tile_and_head(N, BLOCK_M)
@@ -138,8 +140,11 @@ def flash_fwd_kernel(
     acc = acc / l_i[:, None]
     lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
-    o_ptrs = O_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_mask & d_mask)
+    o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o = acc.to(Out.dtype.element_ty)
+    tl.store(Out + o_offs, o, mask=row_mask & d_mask)
+    if STORE_RES:
+        tl.store(Res + o_offs, (acc - o.to(tl.float32)).to(Out.dtype.element_ty), mask=row_mask & d_mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,21 +152,23 @@ def flash_fwd_kernel(
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def flash_bwd_preprocess_kernel(
-    Out, DO, Delta,
+    Out, DO, Res, Delta,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_dob, stride_doh, stride_don, stride_dod,
     H, N,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, ADD_RES: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M)·B·H,); Delta is float32 (B, H, N)."""
+    """Grid (cdiv(N, BLOCK_M)·B·H,); Delta is float32 (B, H, N). ``ADD_RES``: O = Out + Res (out's strides)."""
     start_m, off_bh = _tile_and_head(N, BLOCK_M)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     mask = (offs_m[:, None] < N) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
-                mask=mask, other=0.0).to(tl.float32)
+    o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o = tl.load(Out + o_offs, mask=mask, other=0.0).to(tl.float32)
+    if ADD_RES:
+        o += tl.load(Res + o_offs, mask=mask, other=0.0).to(tl.float32)
     do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
                  + offs_d[None, :] * stride_dod, mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + off_bh.to(tl.int64) * N + offs_m, tl.sum(o * do, 1), mask=offs_m < N)

@@ -56,13 +56,14 @@ def _tiles_grid(block: str):
 _LAUNCHERS: dict = {}
 
 
-def _launch(kernel, block, what, q, tensors, floats, ints, meta_fn, direct: bool) -> None:
+def _launch(kernel, block, what, q, tensors, floats, ints, meta_fn, direct: bool, flags: tuple = ()) -> None:
     """Launch ``kernel`` (autotuned or plain) with ``(*tensors, *floats, *ints)`` over (B·H, N) tiles of
     ``meta[block]`` rows.
 
     ``direct=False`` (the ``triton_op`` bodies): through ``wrap_triton``, which a trace (make_fx,
     Inductor) sees into. ``direct=True`` (the eager Functions and the opaque op): the kernel itself,
-    through :class:`Launcher`'s cached launch after the first call of a signature. (Called eagerly
+    through :class:`Launcher`'s cached launch after the first call of a signature. ``flags``: the
+    constexprs that shapes and strides do not fix (they enter the cache key). (Called eagerly
     outside a ``triton_op``, ``wrap_triton`` launches go through a higher-order-op dispatch: the packed
     backward's three launches then cost ~1.8 ms of CPU per call on the H200.)"""
     B, H, N = q.shape[:3]
@@ -73,7 +74,7 @@ def _launch(kernel, block, what, q, tensors, floats, ints, meta_fn, direct: bool
         launcher = _LAUNCHERS.get(kernel)
         if launcher is None:
             launcher = _LAUNCHERS[kernel] = Launcher(kernel, _tiles_grid(block))
-        if launcher(signature(q.shape, tensors, ints), (B * H, N), args, meta_fn):
+        if launcher(signature(q.shape, tensors, ints + flags), (B * H, N), args, meta_fn):
             return
     else:
         grid = _tiles_grid(block)
@@ -87,20 +88,23 @@ def _meta(q):
     return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
 
 
-def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False):
-    """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse."""
+def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None):
+    """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse
+    (and ``res``, out's rounding residual, when given: laid out as out)."""
     N = q.shape[2]
-    _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse), (softmax_scale * LOG2E,),
+    store_res = res is not None
+    _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse, res if store_res else out), (softmax_scale * LOG2E,),
             (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
-            lambda: _meta(q), direct)
+            lambda: {**_meta(q), "STORE_RES": store_res}, direct, (store_res,))
 
 
-def launch_preprocess(out, do, delta, direct=False):
+def launch_preprocess(out, do, delta, direct=False, res=None):
     d = out.shape[-1]
-    _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out, (out, do, delta), (),
-            (*out.stride(), *do.stride(), out.shape[1], out.shape[2]),
-            lambda: {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d),
-                     "BLOCK_M": configs.PREPROCESS_BLOCK_M}, direct)
+    add_res = res is not None
+    _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out,
+            (out, do, res if add_res else out, delta), (), (*out.stride(), *do.stride(), out.shape[1], out.shape[2]),
+            lambda: {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "ADD_RES": add_res,
+                     "BLOCK_M": configs.PREPROCESS_BLOCK_M}, direct, (add_res,))
 
 
 def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=False):
@@ -128,28 +132,28 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
-         direct: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+         direct: bool = False, res: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, N, d = q.shape
     out = _empty_out(q)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # (B, H, N), natural log
-    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale, direct)
+    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale, direct, res)
     return out, lse
 
 
-def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct: bool = False) -> None:
+def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct: bool = False, res=None) -> None:
     """Write dq, dk, dv (preallocated, any strides) for one backward pass."""
     B, H, N, d = q.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
-    launch_preprocess(out, do, delta, direct)
+    launch_preprocess(out, do, delta, direct, res)
     cls = configs.head_dim_class(d)
     launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale, direct)
     launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale, direct)
 
 
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         softmax_scale: float, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         softmax_scale: float, direct: bool = False, res=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # (B, H, N, d)
-    _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct)
+    _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct, res)
     return dq, dk, dv
 
 
@@ -158,12 +162,36 @@ def _fwd_qkvpacked(qkv: torch.Tensor, softmax_scale: float, direct: bool = False
 
 
 def _bwd_qkvpacked(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                   softmax_scale: float, direct: bool = False) -> torch.Tensor:
+                   softmax_scale: float, direct: bool = False, res=None) -> torch.Tensor:
     """The gradient of a packed ``(B, N, 3, H, d)`` qkv, written in place by the dq and dk/dv
     kernels: no stack of three separate gradients follows (it costs a 3·B·N·D copy and buffer)."""
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)  # (B, N, 3, H, d)
-    _bwd_into(do, *split_qkv(qkv), out, lse, softmax_scale, *split_qkv(dqkv), direct)
+    _bwd_into(do, *split_qkv(qkv), out, lse, softmax_scale, *split_qkv(dqkv), direct, res)
     return dqkv
+
+
+# fp32_delta variants: the forward also returns ``res`` (out's rounding residual, laid out as out) and
+# the backward forms delta from out + res, i.e. from the float32 output.
+def _fwd_res(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+             direct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    res = _empty_out(q)  # (B, H, N, d)
+    return (*_fwd(q, k, v, softmax_scale, direct, res), res)
+
+
+def _bwd_res(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, res: torch.Tensor, softmax_scale: float,
+             direct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _bwd(do, q, k, v, out, lse, softmax_scale, direct, res)
+
+
+def _fwd_qkvpacked_res(qkv: torch.Tensor, softmax_scale: float,
+                       direct: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fwd_res(*split_qkv(qkv), softmax_scale, direct)
+
+
+def _bwd_qkvpacked_res(do: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, res: torch.Tensor,
+                       softmax_scale: float, direct: bool = False) -> torch.Tensor:
+    return _bwd_qkvpacked(do, qkv, out, lse, softmax_scale, direct, res)
 
 
 def _fwd_fake(q, k, v, softmax_scale):
@@ -183,13 +211,29 @@ def _bwd_qkvpacked_fake(do, qkv, out, lse, softmax_scale):
     return qkv.new_empty(qkv.shape)
 
 
+def _fwd_res_fake(q, k, v, softmax_scale):
+    return (*_fwd_fake(q, k, v, softmax_scale), _empty_out(q))
+
+
+def _bwd_res_fake(do, q, k, v, out, lse, res, softmax_scale):
+    return _bwd_fake(do, q, k, v, out, lse, softmax_scale)
+
+
+def _fwd_qkvpacked_res_fake(qkv, softmax_scale):
+    return _fwd_res_fake(*split_qkv(qkv), softmax_scale)
+
+
+def _bwd_qkvpacked_res_fake(do, qkv, out, lse, res, softmax_scale):
+    return qkv.new_empty(qkv.shape)
+
+
 def _op_signature(fn):
-    """``fn`` as the op sees it: the same annotated arguments without ``direct``."""
+    """``fn`` as the op sees it: its annotated arguments without the defaulted launch options (``direct``, ``res``)."""
     def body(*args):
         return fn(*args)
 
     sig = inspect.signature(fn)
-    body.__signature__ = sig.replace(parameters=[p for n, p in sig.parameters.items() if n != "direct"])
+    body.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.default is p.empty])
     body.__name__ = fn.__name__
     return body
 
@@ -213,37 +257,53 @@ _fwd_qkvpacked_op = _register("vit_flash::fwd_qkvpacked", _fwd_qkvpacked, _fwd_q
 # Opaque to Inductor: traced, its dk/dv kernel would mutate two views of one buffer, a case that
 # PyTorch's own triton_kernel_wrap.py marks as a known functionalization bug.
 _register("vit_flash::bwd_qkvpacked", _bwd_qkvpacked, _bwd_qkvpacked_fake, opaque=True)
+_fwd_res_op = _register("vit_flash::fwd_fp32_delta", _fwd_res, _fwd_res_fake)
+_register("vit_flash::bwd_fp32_delta", _bwd_res, _bwd_res_fake)
+_fwd_qkvpacked_res_op = _register("vit_flash::fwd_qkvpacked_fp32_delta", _fwd_qkvpacked_res, _fwd_qkvpacked_res_fake)
+_register("vit_flash::bwd_qkvpacked_fp32_delta", _bwd_qkvpacked_res, _bwd_qkvpacked_res_fake, opaque=True)
 
 
 def _setup_context(ctx, inputs, output):
-    """For both forward ops: inputs are ``(q, k, v, softmax_scale)`` or ``(qkv, softmax_scale)``."""
+    """For the forward ops: inputs are ``(q, k, v, softmax_scale)`` or ``(qkv, softmax_scale)``;
+    outputs ``(out, lse)`` or ``(out, lse, res)``."""
     *tensors, softmax_scale = inputs
-    out, lse = output
-    ctx.save_for_backward(*tensors, out, lse)
+    out, lse, *res = output
+    ctx.save_for_backward(*tensors, out, lse, *res)
     ctx.softmax_scale = softmax_scale
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)  # no zeros for lse's gradient, which is never used
 
 
-def _backward(ctx, dout, dlse):
-    # lse is non-differentiable (an auxiliary output for the backward), so dlse is None.
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.vit_flash.bwd(dout, q, k, v, out, lse, ctx.softmax_scale)
+def _backward(ctx, dout, dlse, *dres):
+    # lse (and res) are non-differentiable auxiliary outputs for the backward: their gradients are None.
+    q, k, v, out, lse, *res = ctx.saved_tensors
+    bwd_op = torch.ops.vit_flash.bwd_fp32_delta if res else torch.ops.vit_flash.bwd
+    dq, dk, dv = bwd_op(dout, q, k, v, out, lse, *res, ctx.softmax_scale)
     return dq, dk, dv, None
 
 
-def _backward_qkvpacked(ctx, dout, dlse):
-    qkv, out, lse = ctx.saved_tensors
-    return torch.ops.vit_flash.bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale), None
+def _backward_qkvpacked(ctx, dout, dlse, *dres):
+    qkv, out, lse, *res = ctx.saved_tensors
+    bwd_op = torch.ops.vit_flash.bwd_qkvpacked_fp32_delta if res else torch.ops.vit_flash.bwd_qkvpacked
+    return bwd_op(dout, qkv, out, lse, *res, ctx.softmax_scale), None
+
+
+def _setup_context_res(ctx, inputs, output):
+    _setup_context(ctx, inputs, output)
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 _fwd_qkvpacked_op.register_autograd(_backward_qkvpacked, setup_context=_setup_context)
+_fwd_res_op.register_autograd(_backward, setup_context=_setup_context_res)
+_fwd_qkvpacked_res_op.register_autograd(_backward_qkvpacked, setup_context=_setup_context_res)
 
 fwd = torch.ops.vit_flash.fwd
 bwd = torch.ops.vit_flash.bwd
 fwd_qkvpacked = torch.ops.vit_flash.fwd_qkvpacked
 bwd_qkvpacked = torch.ops.vit_flash.bwd_qkvpacked
+fwd_fp32_delta = torch.ops.vit_flash.fwd_fp32_delta
+fwd_qkvpacked_fp32_delta = torch.ops.vit_flash.fwd_qkvpacked_fp32_delta
 
 
 class EagerAttention(torch.autograd.Function):
@@ -254,39 +314,42 @@ class EagerAttention(torch.autograd.Function):
     0.43 ms per backward-op call, and an autograd forward+backward through the ops took 1.0-1.25 ms
     of CPU at (256, 12, 197, 64), where the kernels need 0.68 ms of GPU
     (benchmarks/results/launch_overhead_profile_h200.log). ``torch.compile`` still traces the ops.
-    ``apply(q, k, v, softmax_scale) -> out``, shapes as ``fwd``; bitwise equal to the op path.
+    ``apply(q, k, v, softmax_scale, fp32_delta) -> out``, shapes as ``fwd``; bitwise equal to the op path.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale):
-        out, lse = _fwd(q, k, v, softmax_scale, direct=True)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, softmax_scale, fp32_delta=False):
+        res = _empty_out(q) if fp32_delta else None  # (B, H, N, d)
+        out, lse = _fwd(q, k, v, softmax_scale, True, res)
+        ctx.save_for_backward(q, k, v, out, lse, *([res] if fp32_delta else []))
         ctx.softmax_scale = softmax_scale
         return out  # (B, H, N, d)
 
     @staticmethod
     @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale, direct=True)
-        return dq, dk, dv, None
+        q, k, v, out, lse, *res = ctx.saved_tensors
+        dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale, True, *res)
+        return dq, dk, dv, None, None
 
 
 class EagerAttentionQKVPacked(torch.autograd.Function):
     """:class:`EagerAttention` for a packed ``(B, N, 3, H, d)`` qkv: ``fwd_qkvpacked`` and
-    ``bwd_qkvpacked``'s kernels. ``apply(qkv, softmax_scale) -> out`` (B, H, N, d)."""
+    ``bwd_qkvpacked``'s kernels. ``apply(qkv, softmax_scale, fp32_delta) -> out`` (B, H, N, d)."""
 
     @staticmethod
-    def forward(ctx, qkv, softmax_scale):
-        out, lse = _fwd_qkvpacked(qkv, softmax_scale, direct=True)
-        ctx.save_for_backward(qkv, out, lse)
+    def forward(ctx, qkv, softmax_scale, fp32_delta=False):
+        q = split_qkv(qkv)[0]
+        res = _empty_out(q) if fp32_delta else None  # (B, H, N, d)
+        out, lse = _fwd(*split_qkv(qkv), softmax_scale, True, res)
+        ctx.save_for_backward(qkv, out, lse, *([res] if fp32_delta else []))
         ctx.softmax_scale = softmax_scale
         return out  # (B, H, N, d)
 
     @staticmethod
     @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, do):
-        qkv, out, lse = ctx.saved_tensors
-        dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale, direct=True)
-        return dqkv, None  # (B, N, 3, H, d)
+        qkv, out, lse, *res = ctx.saved_tensors
+        dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale, True, *res)
+        return dqkv, None, None  # (B, N, 3, H, d)
 
