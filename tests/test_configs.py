@@ -28,7 +28,8 @@ def test_every_group_has_options():
                                         if p.parent != CONFIGS))
 def test_group_file_composes(path):
     group, option = Path(path).parent.as_posix(), Path(path).stem
-    cfg = compose_cfg("train", [f"{group}={option}"])
+    needs = ["init_from=/weights/vit_base.pth"] if path == "experiment/finetune_base.yaml" else []
+    cfg = compose_cfg("train", [f"{group}={option}", *needs])
     OmegaConf.resolve(cfg)  # every interpolation resolves
     if group == "attention":
         assert cfg.attention.name == option
@@ -51,9 +52,14 @@ def test_top_level_composes(name):
 
 
 def test_experiment_overrides_only_what_differs():
-    cfg = compose_cfg("train", ["experiment=imagenet_base", "data.root=/data/imagenet"])
+    cfg = compose_cfg("train", ["experiment=deit_base", "data.root=/data/imagenet"])
     assert (cfg.model.size, cfg.model.patch_size, cfg.data.name, cfg.data.img_size) == ("base", 16, "imagefolder", 224)
-    assert cfg.epochs == 300 and cfg.label_smoothing == 0.1  # set by the experiment / kept from train.yaml
+    assert cfg.epochs == 300 and cfg.log_every == 10  # set by the experiment / kept from train.yaml
+
+
+def test_finetune_preset_requires_init_from():
+    with pytest.raises(ValueError, match=r"optim.layer_decay=0.65 is for fine-tuning .* init_from is null"):
+        check_train_config(compose_cfg("train", ["experiment=finetune_base", "data.root=/data/imagenet"]))
 
 
 @pytest.mark.parametrize("override, key", [

@@ -180,7 +180,8 @@ def test_layer_decay_param_groups_have_the_per_block_rates():
     from vit.build import build_optimizer, build_scheduler
 
     model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
-    cfg = compose_cfg(["optim.layer_decay=0.5", "optim.lr=1e-3", "schedule.warmup_steps=10", "epochs=10"])
+    cfg = compose_cfg(["optim.layer_decay=0.5", "optim.lr=1e-3", "schedule.warmup_steps=10", "epochs=10",
+                       "init_from=weights.pt"])
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg, steps_per_epoch=100)
     scheduler.step_update(10)  # the end of warm-up (the cosine factor is 0.99975 at step 10 of 1000)

@@ -106,7 +106,7 @@ def build_transform(cfg, is_training: bool):
     aug = cfg.train_aug
     return create_transform(**common, is_training=True, scale=tuple(aug.scale), ratio=tuple(aug.ratio),
                             hflip=aug.hflip, color_jitter=aug.color_jitter, auto_augment=aug.auto_augment,
-                            re_prob=aug.re_prob)
+                            re_prob=aug.re_prob, re_mode=aug.get("re_mode", "const"), re_count=aug.get("re_count", 1))
 
 
 class SeededDataset(Dataset):
