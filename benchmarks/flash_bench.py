@@ -3,6 +3,7 @@
     python3 benchmarks/flash_bench.py            # the baseline table's shapes (../shared/perf/h200_baseline.md)
     python3 benchmarks/flash_bench.py --warm     # first compile every autotune config in parallel processes
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
+    python3 benchmarks/flash_bench.py --fp32-delta   # the table with flash's fp32_delta option as a fourth row
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
 timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
@@ -45,10 +46,15 @@ def _sdpa(backend):
     return fn
 
 
-def backends():
+def backends(fp32_delta=False):
+    import functools
+
     from kernels.flash import attention
 
-    return {"flash (ours)": attention, "sdpa flash": _sdpa("FLASH_ATTENTION"), "sdpa cudnn": _sdpa("CUDNN_ATTENTION")}
+    fns = {"flash (ours)": attention, "sdpa flash": _sdpa("FLASH_ATTENTION"), "sdpa cudnn": _sdpa("CUDNN_ATTENTION")}
+    if fp32_delta:
+        fns["flash fp32_delta"] = functools.partial(attention, fp32_delta=True)
+    return fns
 
 
 def _median_ms(step, n_sets, reps=20, warmup=3):
@@ -113,8 +119,8 @@ def bench_shape(shape, fns, dtype=torch.bfloat16):
     return rows
 
 
-def table(shapes):
-    fns = backends()
+def table(shapes, fp32_delta=False):
+    fns = backends(fp32_delta)
     lines = ["| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | peak MiB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     ratios = []
@@ -123,10 +129,10 @@ def table(shapes):
         for name, ms_f, tf_f, ms_fb, tf_fb, peak in rows:
             lines.append(f"| {' | '.join(map(str, shape))} | {name} | {ms_f:.3f} | {tf_f:.0f} | {ms_fb:.3f} | "
                          f"{tf_fb:.0f} | {peak:.0f} |")
-        ours, flash, cudnn = rows
+        ours, flash, cudnn = rows[:3]
         ratios.append(f"{shape}: fwd {ours[2] / flash[2]:.2f}x flash, {ours[2] / cudnn[2]:.2f}x cudnn; "
                       f"fwd+bwd {ours[4] / flash[4]:.2f}x flash, {ours[4] / cudnn[4]:.2f}x cudnn")
-        print(lines[-3], lines[-2], lines[-1], sep="\n", flush=True)
+        print(*lines[-len(rows):], sep="\n", flush=True)
     print("\n".join(lines))
     print("\nours / peer TFLOP/s:\n" + "\n".join(ratios))
     print("\n" + host_overhead_us(fns))
@@ -143,17 +149,31 @@ SWEEP = {  # (block_a, block_b, num_warps, num_stages) candidates per kernel
     "dq": [(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3),
            (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 8, 2)],
 }
+# The Hopper (TMA descriptor) kernels of kernels/flash/hopper.py: (block_a, block_b, warps, stages, warp_specialize)
+_TMA_TILES = {"fwd_tma": [(64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4), (128, 64, 4), (64, 32, 4)],
+              "dkdv_tma": [(32, 128, 4), (64, 128, 8), (64, 64, 4), (32, 64, 4), (128, 128, 8)],
+              "dq_tma": [(128, 32, 4), (128, 64, 8), (64, 64, 4), (64, 32, 4), (128, 128, 8)]}
+SWEEP.update({which: [(*t, stages, ws) for t in tiles for stages in (2, 3, 4) for ws in (False, True)]
+              for which, tiles in _TMA_TILES.items()})
 SWEEP_SHAPES = [(256, 12, 197, 64), (8, 12, 4096, 64), (256, 12, 197, 128), (8, 16, 4096, 128)]
 _NAMES = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"), "dq": ("BLOCK_M2", "BLOCK_N2")}
+_NAMES.update({f"{w}_tma": n for w, n in list(_NAMES.items())})
 
 
 def _single(which, cfg):
     import triton
 
+    from kernels.flash import hopper
     from kernels.flash import kernels as K
 
-    kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel}[which]
-    config = triton.Config(dict(zip(_NAMES[which], cfg[:2])), num_warps=cfg[2], num_stages=cfg[3])
+    kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel,
+              "fwd_tma": hopper.flash_fwd_tma_kernel, "dkdv_tma": hopper.flash_bwd_dkdv_tma_kernel,
+              "dq_tma": hopper.flash_bwd_dq_tma_kernel}[which]
+    kwargs = dict(zip(_NAMES[which], cfg[:2]))
+    if which.endswith("_tma"):
+        hopper.ensure_allocator()
+        kwargs["WARP_SPECIALIZE"] = cfg[4]
+    config = triton.Config(kwargs, num_warps=cfg[2], num_stages=cfg[3])
     return triton.autotune([config], key=["N_BUCKET", "HEAD_DIM"])(kernel)
 
 
@@ -179,12 +199,13 @@ def _run_one(which, tuner, tensors):
 
     q, k, v, do, _out, lse, delta, g1, g2 = tensors
     scale = q.shape[-1] ** -0.5
+    which = which.removesuffix("_tma")  # direct=True: the eager launch path, without Python's launch cost
     if which == "fwd":
         lse2 = torch.empty_like(lse)
-        return lambda: op.launch_fwd(tuner, q, k, v, g1, lse2, scale)
+        return lambda: op.launch_fwd(tuner, q, k, v, g1, lse2, scale, direct=True)
     if which == "dkdv":
-        return lambda: op.launch_dkdv(tuner, q, k, v, do, g1, g2, lse, delta, scale)
-    return lambda: op.launch_dq(tuner, q, k, v, do, g1, lse, delta, scale)
+        return lambda: op.launch_dkdv(tuner, q, k, v, do, g1, g2, lse, delta, scale, direct=True)
+    return lambda: op.launch_dq(tuner, q, k, v, do, g1, lse, delta, scale, direct=True)
 
 
 def _compile_job(job):
@@ -216,16 +237,19 @@ def compile_parallel(jobs, workers=None):
         print("  ", e)
 
 
-def sweep():
+def sweep(kernels=None, shapes=None):
     import triton.testing
 
-    jobs = [(w, cfg, s, "bfloat16") for s in SWEEP_SHAPES for w, cfgs in SWEEP.items() for cfg in cfgs]
+    sweep_ = {w: c for w, c in SWEEP.items() if not kernels or w in kernels}
+    shapes = shapes or SWEEP_SHAPES
+    jobs = [(w, cfg, s, "bfloat16") for s in shapes for w, cfgs in sweep_.items() for cfg in cfgs]
     compile_parallel(jobs)
-    for shape in SWEEP_SHAPES:
+    for shape in shapes:
         B, H, N, d = shape
         flops = {"fwd": 4 * B * H * N * N * d, "dkdv": 8 * B * H * N * N * d, "dq": 6 * B * H * N * N * d}
+        flops.update({f"{w}_tma": f for w, f in list(flops.items())})
         tensors = _make_tensors(shape, torch.bfloat16, real=True)
-        for which, cfgs in SWEEP.items():
+        for which, cfgs in sweep_.items():
             results = []
             for cfg in cfgs:
                 try:
@@ -236,6 +260,14 @@ def sweep():
             results.sort()
             best = ", ".join(f"{c} {ms:.3f} ms ({flops[which] / ms / 1e9:.0f} TF/s)" for ms, c in results[:4])
             print(f"sweep {shape} {which}: {best}", flush=True)
+        print(f"sweep {shape} cudnn fwd {_cudnn_fwd_ms(tensors):.3f} ms", flush=True)
+
+
+def _cudnn_fwd_ms(tensors):
+    import triton.testing
+
+    q, k, v = tensors[:3]
+    return triton.testing.do_bench(lambda: _sdpa("CUDNN_ATTENTION")(q, k, v), warmup=10, rep=50, return_mode="median")
 
 
 def main():
@@ -243,7 +275,9 @@ def main():
     parser.add_argument("--warm", action="store_true", help="compile all autotune configs in parallel first")
     parser.add_argument("--warm-tests", action="store_true", help="also compile for tests/test_flash.py's shapes")
     parser.add_argument("--sweep", action="store_true", help="time the wider candidate lists per kernel")
+    parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
     parser.add_argument("--no-table", action="store_true")
+    parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("flash_bench.py needs a CUDA GPU")
@@ -257,9 +291,9 @@ def main():
             jobs += _tuned_jobs(TEST_SHAPES, ["bfloat16", "float16"])
         compile_parallel(sorted(set(jobs), key=lambda j: -j[2][-1]))
     if args.sweep:
-        sweep()
+        sweep([k for k in args.kernels.split(",") if k])
     if not args.no_table:
-        table(SHAPES)
+        table(SHAPES, args.fp32_delta)
 
 
 if __name__ == "__main__":

@@ -339,9 +339,9 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, softmax_scale, fp32_delta=False):
-        q = split_qkv(qkv)[0]
+        q, k, v = split_qkv(qkv)
         res = _empty_out(q) if fp32_delta else None  # (B, H, N, d)
-        out, lse = _fwd(*split_qkv(qkv), softmax_scale, True, res)
+        out, lse = _fwd(q, k, v, softmax_scale, True, res)
         ctx.save_for_backward(qkv, out, lse, *([res] if fp32_delta else []))
         ctx.softmax_scale = softmax_scale
         return out  # (B, H, N, d)
