@@ -256,3 +256,27 @@ def test_repeated_copies_get_their_own_augmentation():
     data = SeededDataset(Noisy(), seed=0)
     assert torch.equal(data[1], data[1])  # the same (seed, epoch, index): the same augmentation
     assert data[1 + 4].floor().tolist() == [1.0] * 3 and not torch.equal(data[1], data[1 + 4])  # copy 1 of image 1
+
+
+def test_summary_csv_has_one_row_per_epoch_and_a_resume_rewrites_the_rest(tmp_path):
+    """timm's columns (epoch, train_loss, eval_*, eval_ema_*, lr); resuming from epoch 1 into the same folder keeps
+    row 1 and writes row 2 again, equal to the first run's."""
+    import csv
+
+    from vit.checkpoint import list_checkpoints
+
+    base = ["data=synthetic", "data.img_size=8", "data.num_classes=4", "data.train_samples=32", "data.val_samples=8",
+            "model=debug", "attention=naive", "device=cpu", "logger=none", "progress=false", "epochs=2",
+            "batch_size=8", "eval_batch_size=8", "schedule.warmup_epochs=0", "ema=on", "ema.decay=0.5",
+            "checkpoint.keep_last=0", f"out_dir={tmp_path}"]
+    first = train(compose_cfg(base))
+    path = tmp_path / "summary.csv"
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == ["epoch", "train_loss", "eval_loss", "eval_top1", "eval_top5", "eval_ema_loss",
+                             "eval_ema_top1", "eval_ema_top5", "lr"]
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    assert float(rows[1]["eval_top1"]) == pytest.approx(first["val"]["top1"])
+    assert float(rows[1]["eval_ema_loss"]) == pytest.approx(first["history"][1]["val_ema_loss"])
+    epoch1 = next(p for p in list_checkpoints(tmp_path / "checkpoints") if p.name == "step_00000004.pt")
+    train(compose_cfg([*base, f"resume={epoch1}"]))
+    assert list(csv.DictReader(path.open())) == rows

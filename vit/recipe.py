@@ -131,7 +131,9 @@ def build_ema(model: torch.nn.Module, cfg, strategy: str, device: torch.device,
     e = cfg.ema
     if not e.enabled:
         return None
-    ema = ModelEmaV3(model, decay=e.decay, use_warmup=e.warmup, warmup_power=e.warmup_power)
+    # exclude_buffers: the ViT has no buffers, and the parameter lists cost less CPU per step than two
+    # state_dict() calls (ViT-B on the 2-core CI VM: 0.9 ms per list against 2.5 ms per state_dict())
+    ema = ModelEmaV3(model, decay=e.decay, use_warmup=e.warmup, warmup_power=e.warmup_power, exclude_buffers=True)
     if state_dict is not None:
         load_model_weights(ema.module, state_dict, source="the checkpoint's EMA weights")
     if strategy == "fsdp":
