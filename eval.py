@@ -8,7 +8,8 @@ Our checkpoints carry their model arguments, class names and config, so only ``c
 needed; ``attention=`` overrides the checkpoint's backend, ``data=<group>`` its data config, and
 ``data.<key>=`` single keys of it (``data.img_size=384``, ``data.root=/other/val/folder``). A bare
 state dict (timm's ``.safetensors`` or ``.pth``) carries no config: give ``model=<size>`` and
-``data=`` (and ``data.img_size``) that match it; its backend defaults to ``auto``.
+``data=`` (and ``data.img_size``) that match it; its backend defaults to ``auto``. ``use_ema=true``
+evaluates the EMA of the weights that a run with ``ema=on`` keeps in its checkpoints.
 
 Under ``torchrun --nproc_per_node=G eval.py ...`` each process evaluates every G-th val image (as
 ``train.py``'s validation does), the sums are reduced over the processes, and rank 0 alone prints,
@@ -42,11 +43,24 @@ def read_checkpoint(cfg: DictConfig, path: Path) -> tuple[dict, dict, DictConfig
     if path.suffix != ".safetensors":
         ckpt = load_checkpoint(path)
         if isinstance(ckpt, dict) and "model_args" in ckpt:
-            return ckpt["model"], dict(ckpt["model_args"]), OmegaConf.create(ckpt["config"]), list(ckpt["classes"])
+            weights = checkpoint_weights(ckpt, path, cfg.get("use_ema", False))
+            return weights, dict(ckpt["model_args"]), OmegaConf.create(ckpt["config"]), list(ckpt["classes"])
+    if cfg.get("use_ema"):
+        raise ValueError(f"use_ema=true, but {path} is a bare state dict, which holds one set of weights; drop use_ema")
     if "model" not in cfg or cfg.data.name is None:
         raise ValueError(f"{path} is a bare state dict without a config; pass model=<size> and data=<dataset> "
                          f"(and data.img_size) that match it, e.g. model=tiny data=imagefolder data.root=/data/imagenet")
     return load_state_dict_file(path), {}, OmegaConf.create({}), None
+
+
+def checkpoint_weights(ckpt: dict, path: Path, use_ema: bool) -> dict:
+    """The checkpoint's model weights, or with ``use_ema`` its EMA weights (ValueError if it has none)."""
+    if not use_ema:
+        return ckpt["model"]
+    if "ema" not in ckpt:
+        raise ValueError(f"use_ema=true, but {path} holds no EMA weights (its run had ema=none); drop use_ema, "
+                         f"or train with ema=on")
+    return ckpt["ema"]
 
 
 def eval_data_config(cfg: DictConfig, run_cfg: DictConfig) -> DictConfig:
@@ -87,7 +101,8 @@ def _evaluate(cfg: DictConfig, dist: DistInfo) -> dict:
     state_dict, margs, run_cfg, ckpt_classes = read_checkpoint(cfg, path)
     data_cfg = eval_data_config(cfg, run_cfg)
     if "model" in cfg:
-        margs.update(size=cfg.model.size, patch_size=cfg.model.patch_size, drop_rate=0.0, drop_path_rate=0.0)
+        margs.update(size=cfg.model.size, patch_size=cfg.model.patch_size, drop_rate=0.0, drop_path_rate=0.0,
+                     global_pool=cfg.model.get("global_pool", "token"), pos_embed=cfg.model.get("pos_embed", "learn"))
     margs["img_size"] = data_cfg.img_size
     attention_name = cfg.attention.name if "attention" in cfg else run_cfg.get("attention", {}).get("name", "auto")
     check_model_config(OmegaConf.create({"model": {"size": margs["size"], "patch_size": margs["patch_size"]},
@@ -108,7 +123,7 @@ def _evaluate(cfg: DictConfig, dist: DistInfo) -> dict:
 
     metrics = evaluate(model, loader, device, amp_dtype, reduce=all_reduce_sum)
     metrics.update(backend=backend, checkpoint=str(path), model=margs["size"], device=str(device),
-                   world_size=dist.world_size)
+                   world_size=dist.world_size, weights="ema" if cfg.get("use_ema") else "model")
     out_dir = broadcast_object(resolve_out_dir(cfg, "outputs/eval/%Y-%m-%d/%H-%M-%S"))  # rank 0's
     if dist.rank > 0 and HydraConfig.initialized():
         with contextlib.suppress(OSError):  # this rank's own Hydra run dir, empty (see __main__)
@@ -120,7 +135,7 @@ def _evaluate(cfg: DictConfig, dist: DistInfo) -> dict:
     logger.summary({f"eval/{k}": v for k, v in metrics.items()})
     wandb_dir = logger.run_dir
     logger.finish()
-    print(f"[eval {backend}] {path}: loss {metrics['loss']:.4f}  top-1 {metrics['top1']:.2f} %  "
+    print(f"[eval {backend}{', EMA weights' if cfg.get('use_ema') else ''}] {path}: loss {metrics['loss']:.4f}  top-1 {metrics['top1']:.2f} %  "
           f"top-5 {metrics['top5']:.2f} %  {metrics['images_per_s']:.0f} images/s  "
           f"peak memory {metrics['peak_mem_allocated_mb']:.0f} MiB allocated, "
           f"{metrics['peak_mem_reserved_mb']:.0f} MiB reserved ({metrics['images']} images"

@@ -280,3 +280,26 @@ def test_summary_csv_has_one_row_per_epoch_and_a_resume_rewrites_the_rest(tmp_pa
     epoch1 = next(p for p in list_checkpoints(tmp_path / "checkpoints") if p.name == "step_00000004.pt")
     train(compose_cfg([*base, f"resume={epoch1}"]))
     assert list(csv.DictReader(path.open())) == rows
+
+
+def test_eval_use_ema_evaluates_the_ema_weights(tmp_path):
+    """eval.py use_ema=true on a checkpoint of an ema=on run reproduces val/ema_*; without EMA weights it says so."""
+    from eval import evaluate_checkpoint
+
+    base = ["data=synthetic", "data.img_size=8", "data.num_classes=4", "data.train_samples=32", "data.val_samples=8",
+            "model=debug", "attention=naive", "device=cpu", "logger=none", "progress=false", "epochs=1",
+            "batch_size=8", "eval_batch_size=8", "schedule.warmup_epochs=0"]
+    result = train(compose_cfg([*base, "ema=on", "ema.decay=0.5", f"out_dir={tmp_path / 'ema'}"]))
+    plain = train(compose_cfg([*base, f"out_dir={tmp_path / 'plain'}"]))
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        def evaluate(checkpoint, *extra):
+            return evaluate_checkpoint(compose(config_name="eval", overrides=[
+                f"checkpoint={checkpoint}", "logger=none", "device=cpu", f"out_dir={tmp_path / 'eval'}", *extra]))
+
+        ema = evaluate(result["checkpoint"], "use_ema=true")
+        raw = evaluate(result["checkpoint"])
+        assert ema["weights"] == "ema" and ema["loss"] == pytest.approx(result["history"][0]["val_ema_loss"], rel=1e-6)
+        assert raw["weights"] == "model" and raw["loss"] == pytest.approx(result["val"]["loss"], rel=1e-6)
+        assert ema["loss"] != raw["loss"]
+        with pytest.raises(ValueError, match=r"use_ema=true, but .* holds no EMA weights \(its run had ema=none\)"):
+            evaluate(plain["checkpoint"], "use_ema=true")
