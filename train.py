@@ -53,7 +53,7 @@ from vit.checkpoint import (
 from vit.data import build_data
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
-from vit.logger import RunLogger, append_summary_csv, environment, scrub_secrets, trim_summary_csv
+from vit.logger import RunLogger, append_summary_csv, console_log, environment, info, scrub_secrets, trim_summary_csv
 from vit.recipe import build_recipe
 from vit.resume import find_resume, restore_run
 from vit.wrap import (
@@ -120,24 +120,32 @@ def train(cfg: DictConfig) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(resolve_cpu_threads(cfg.get("cpu_threads", "auto")))
     try:
+        out_dir = shared_out_dir(cfg, dist.rank)
         if dist.is_main:
-            return _train(cfg, dist)
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # rank 0 alone prints
-            return _train(cfg, dist)
+            with console_log(out_dir):
+                return _train(cfg, dist, out_dir)
+        with (open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull),  # rank 0 alone prints
+              console_log(out_dir, write_file=False)):
+            return _train(cfg, dist, out_dir)
     finally:
         torch.set_num_threads(threads)
         teardown(dist)
 
 
-def _train(cfg: DictConfig, dist: DistInfo) -> dict:
-    rank, world_size, device = dist.rank, dist.world_size, dist.device
-    strategy = resolve_strategy(cfg.get("strategy"), world_size)
-    out_dir = broadcast_object(resolve_out_dir(cfg))  # rank 0's: one output directory for all ranks
+def shared_out_dir(cfg: DictConfig, rank: int) -> Path:
+    """Rank 0's output directory, for all ranks; other ranks remove their own (empty) Hydra run dirs."""
+    out_dir = broadcast_object(resolve_out_dir(cfg))
     if rank > 0 and HydraConfig.initialized():
         own_dir = Path(HydraConfig.get().runtime.output_dir)
         if own_dir != out_dir:
             with contextlib.suppress(OSError):  # this rank's Hydra run dir, empty (see __main__)
                 own_dir.rmdir()
+    return out_dir
+
+
+def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
+    rank, world_size, device = dist.rank, dist.world_size, dist.device
+    strategy = resolve_strategy(cfg.get("strategy"), world_size)
     ckpt_dir = out_dir / "checkpoints"
     seed_all(cfg.seed)
     amp_dtype = resolve_amp(cfg.amp, device)
@@ -159,7 +167,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
     if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer
         init_path = to_absolute_path(cfg.init_from)
         load_model_weights(model, load_state_dict_file(init_path), source=init_path)
-        print(f"[init] weights from {init_path}")
+        info(f"[init] weights from {init_path}")
     cfg_dict = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))  # what checkpoints and W&B hold
     resume = find_resume(cfg.resume, ckpt_dir)
     if resume is not None:
@@ -178,7 +186,7 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
         load_optimizer_state_dict(model, optimizer, resume[1]["optimizer"])
         scheduler.step_update(state.step)
     lr, scale_batch = effective_lr(cfg), cfg.optim.get("lr_scale_batch")
-    print(f"[optim] peak lr {lr:.4g}" + (f" = optim.lr {cfg.optim.lr:.4g} × batch_size {cfg.batch_size} / "
+    info(f"[optim] peak lr {lr:.4g}" + (f" = optim.lr {cfg.optim.lr:.4g} × batch_size {cfg.batch_size} / "
                                         f"optim.lr_scale_batch {scale_batch}" if scale_batch else
                                         " (optim.lr as given; optim.lr_scale_batch=K scales it by batch_size / K)"))
 
@@ -290,12 +298,12 @@ def _train(cfg: DictConfig, dist: DistInfo) -> dict:
 def print_report(last_val: dict, state: TrainState, last_path: Path | None, ckpt_dir: Path,
                  wandb_dir: str | None) -> None:
     """The run's last lines: final and best top-1, the checkpoints, the W&B run, the eval command."""
-    print(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, loss {last_val['loss']:.4f}) "
-          f"after {state.epoch} epochs, {state.train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
-    print(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
-    print(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
-          else "W&B run:    none (logger=none)")
-    print(f"evaluate:   python eval.py checkpoint={last_path}")
+    info(f"\nfinal val top-1 {last_val['top1']:.2f} % (top-5 {last_val['top5']:.2f} %, loss {last_val['loss']:.4f}) "
+         f"after {state.epoch} epochs, {state.train_seconds:.0f} s of training; best top-1 {state.best_top1:.2f} %")
+    info(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
+    info(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
+         else "W&B run:    none (logger=none)")
+    info(f"evaluate:   python eval.py checkpoint={last_path}")
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")

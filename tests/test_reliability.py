@@ -53,7 +53,7 @@ def compose_cfg(name: str, overrides: list[str]):
     ("checkpoint.every_steps=-5", "checkpoint.every_steps=-5: an integer >= 0"),
     ("nonfinite.max_skips=-1", "nonfinite.max_skips=-1: an integer >= 0"),
     ("schedule.warmup_epochs=-1", "schedule.warmup_epochs=-1: a number >= 0"),
-    ("data.num_workers=-2", "data.num_workers=-2: an integer >= 0"),
+    ("data.num_workers=-2", "data.num_workers=-2: auto (min(8, cores - 1)) or an integer >= 0"),
     ("amp=fp16", "amp='fp16': one of auto, bf16, none for training"),
 ])
 def test_invalid_value_fails_before_any_work(override, message, tmp_path):

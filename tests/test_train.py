@@ -223,6 +223,25 @@ def test_wandb_offline_run_holds_throughput_and_memory(run_a):
     assert not any("API_KEY" in json.dumps(v) for v in config.values())
 
 
+def test_console_lines_reach_the_run_folders_train_log(tmp_path):
+    """`python train.py` under Hydra: the console shows the lines as they are, Hydra's train.log in the run dir
+    holds them with time and level (it was empty), warnings included; out_dir elsewhere gets its own train.log."""
+    import subprocess
+    import sys
+
+    overrides = ["data=synthetic", "data.img_size=16", "data.num_classes=4", "data.train_samples=32",
+                 "data.val_samples=16", "batch_size=16", "epochs=1", "attention=naive", "device=cpu", "progress=false",
+                 "logger=none", f"hydra.run.dir={tmp_path / 'hydra'}", f"out_dir={tmp_path / 'out'}"]
+    run = subprocess.run([sys.executable, "train.py", *overrides], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[1], check=False)
+    assert run.returncode == 0, run.stderr
+    assert "\n[run] " in run.stdout and "\nfinal val top-1 " in run.stdout and "[INFO]" not in run.stdout
+    for log in (tmp_path / "hydra" / "train.log", tmp_path / "out" / "train.log"):
+        text = log.read_text()
+        assert "][INFO] [run] " in text and "][INFO] [val   epoch 1/1] step 2 " in text and "final val top-1" in text
+    assert "never leaves warm-up" in (tmp_path / "hydra" / "train.log").read_text()  # a ConfigWarning
+
+
 def test_unknown_backend_is_a_clear_error():
     cfg = compose_cfg("train", ["attention.name=flashy"])
     with pytest.raises(ValueError, match=r"attention.name='flashy'.*auto, cuda, flash, naive, sdpa"):

@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vit.logger import info
+
 FORMAT = 1
 STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
 TEMP_FILE = re.compile(r"^\.(step_\d{8}|best)\.pt\.tmp(\d+)$")  # save_checkpoint's temp names
@@ -103,7 +105,7 @@ def find_latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[Path, dict] | N
         try:
             return path, load_checkpoint(path)
         except RuntimeError as e:
-            print(f"[checkpoint] skipping unreadable {path}: {e}")
+            info(f"[checkpoint] skipping unreadable {path}: {e}")
     return None
 
 
@@ -186,7 +188,7 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
         else:
             state_dict["pos_embed"] = resample_abs_pos_embed(pos, [new_grid, new_grid], [old_grid, old_grid],
                                                              num_prefix_tokens=prefix, interpolation="bicubic")
-        print(f"[checkpoint] {'resized' if model.pos_embed.requires_grad else 'recomputed the fixed'} pos_embed "
+        info(f"[checkpoint] {'resized' if model.pos_embed.requires_grad else 'recomputed the fixed'} pos_embed "
               f"from a {old_grid}×{old_grid} to a {new_grid}×{new_grid} patch grid")
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))

@@ -28,6 +28,7 @@ from torch.utils.data import Dataset, Sampler
 
 from vit.build import resolve_num_workers
 from vit.images import ImageFolderLoader, check_same_classes, collate_drop_bad, open_split
+from vit.logger import info
 
 DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
 
@@ -50,7 +51,7 @@ def export_digits(root: str | os.PathLike | None = None) -> Path:
     root = Path(root) if root is not None else default_cache_dir() / "digits"
     if (root / ".complete").exists():
         return root
-    print(f"[data] data=digits: exporting scikit-learn's handwritten digits to {root} (once); "
+    info(f"[data] data=digits: exporting scikit-learn's handwritten digits to {root} (once); "
           f"for your own images use data=imagefolder data.root=<folder>")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -280,7 +281,7 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
     """
     if cfg.name == "synthetic":
         if num_repeats > 1:
-            print(f"[data] repeated_aug.repeats={num_repeats} does not apply to data=synthetic (random images, "
+            info(f"[data] repeated_aug.repeats={num_repeats} does not apply to data=synthetic (random images, "
                   f"no sampler): each step draws new ones")
         val_share = cfg.val_samples // num_replicas + (rank < cfg.val_samples % num_replicas)
         train = SyntheticLoader(cfg.train_samples // num_replicas, micro_batch, cfg.img_size, cfg.num_classes, device,

@@ -20,14 +20,68 @@ the checkpoint's run (``wandb.init(id=..., resume="allow")``); offline, each seg
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
+from hydra.core.hydra_config import HydraConfig
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+console = logging.getLogger("vit")  # every console line of a run; Hydra's job logging also writes it to train.log
+console.setLevel(logging.INFO)
+TIMED = logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s")
+
+
+def info(msg: str) -> None:
+    """One console line, through logging (logger ``vit``), so the run folder's ``train.log`` holds it too;
+    printed outside Hydra and :func:`console_log` (nothing else would show it)."""
+    if console.handlers or HydraConfig.initialized():
+        console.info(msg)
+    else:
+        print(msg)
+
+
+class RunLogFile(logging.FileHandler):
+    """``train.log`` with time and level, created (with its folder) at the first line, so a run that fails its
+    checks before logging anything leaves no folder behind."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, delay=True)
+        self.setFormatter(TIMED)
+
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+@contextlib.contextmanager
+def console_log(out_dir: Path, write_file: bool = True):
+    """Route the ``vit`` logger's lines for the duration of a run: under Hydra, its job logging prints them
+    and writes ``<Hydra run dir>/train.log`` (configs/hydra/job_logging/plain.yaml), Python warnings
+    included; without Hydra (tests, library calls) a stdout handler prints them. With ``write_file``,
+    ``out_dir/train.log`` gets them too when it is not Hydra's file. tqdm bars are kept intact
+    (``logging_redirect_tqdm``)."""
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    handlers = [] if hydra_dir else [logging.StreamHandler(sys.stdout)]
+    if write_file and hydra_dir != Path(out_dir):
+        handlers.append(RunLogFile(Path(out_dir) / "train.log"))
+    for handler in handlers:
+        console.addHandler(handler)
+    logging.captureWarnings(hydra_dir is not None)
+    try:
+        with logging_redirect_tqdm(loggers=[logging.getLogger(), console]):
+            yield
+    finally:
+        logging.captureWarnings(False)
+        for handler in handlers:
+            console.removeHandler(handler)
+            handler.close()
 
 
 def environment(backend: str, device: torch.device) -> dict:
@@ -128,7 +182,7 @@ class RunLogger:
 
     def print(self, msg: str) -> None:
         if self.rank == 0:
-            tqdm.write(msg)
+            info(msg)
 
     def log(self, metrics: dict, step: int, prefix: str = "") -> None:
         """Print ``metrics`` on one line and send them to W&B at optimizer step ``step``."""

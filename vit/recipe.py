@@ -35,6 +35,7 @@ from timm.utils import ModelEmaV3
 
 from vit.checkpoint import load_model_weights
 from vit.engine import evaluate
+from vit.logger import info
 from vit.wrap import apply_distributed, model_state_dict, unwrap
 
 MIXUP_MODES = ("batch", "pair", "elem")
@@ -190,6 +191,6 @@ def build_recipe(cfg, model: torch.nn.Module, num_classes: int, strategy: str, d
     check_mixup_batch(cfg, micro_batch)
     ema_state = checkpoint.get("ema") if checkpoint is not None else None
     if checkpoint is not None and cfg.ema.enabled and ema_state is None:
-        print("[ema] the checkpoint holds no EMA weights (trained with ema=none): the EMA starts from its weights")
+        info("[ema] the checkpoint holds no EMA weights (trained with ema=none): the EMA starts from its weights")
     return Recipe(loss_fn=build_loss(cfg), mixup=build_mixup(cfg, num_classes),
                   ema=build_ema(model, cfg, strategy, device, ema_state), mixup_off_epoch=cfg.mixup.off_epoch)

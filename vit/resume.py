@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from vit.build import ConfigWarning, build_scheduler, effective_lr
 from vit.checkpoint import find_latest_checkpoint, load_checkpoint, load_model_weights, restore_rng_state
 from vit.engine import TrainState
+from vit.logger import info
 
 SCHEDULE_KEYS = ("epochs:", "batch_size:", "optim.lr:", "optim.lr_scale_batch:", "schedule.")
 IGNORED_KEYS = ("resume:", "out_dir:", "allow_schedule_change:")
@@ -32,7 +33,7 @@ def find_resume(spec: str | None, ckpt_dir: Path) -> tuple[Path, dict] | None:
         return None
     if spec == "auto":
         found = find_latest_checkpoint(ckpt_dir)
-        print(f"[resume] resume=auto: {'found ' + str(found[0]) if found else 'no checkpoint in ' + str(ckpt_dir)}")
+        info(f"[resume] resume=auto: {'found ' + str(found[0]) if found else 'no checkpoint in ' + str(ckpt_dir)}")
         return found
     path = Path(to_absolute_path(spec))
     return path, load_checkpoint(path)
@@ -107,12 +108,12 @@ def restore_run(path: Path, ckpt: dict, model: torch.nn.Module, margs: dict, cla
     changes = [c for c in config_changes(ckpt["config"], cfg_dict) if not c.startswith(IGNORED_KEYS)]
     check_schedule(ckpt, path, cfg, changes, steps_for)
     if changes:
-        print(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changes)}")
+        info(f"[resume] this run's config differs from the checkpoint's: {'; '.join(changes)}")
     load_model_weights(model, ckpt["model"], source=str(path))
     defaults = TrainState().state_dict()
     state = TrainState(**{k: ckpt.get(k, v) for k, v in defaults.items()})
     restore_rng_state(ckpt["rng"])
     spe = steps_for(cfg.batch_size, cfg.grad_accum)
-    print(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
-          f"{f' (mid-epoch, step {state.step_in_epoch} of {spe})' if state.step_in_epoch else ''}")
+    info(f"[resume] from {path}: epoch {state.epoch}, step {state.step}"
+         f"{f' (mid-epoch, step {state.step_in_epoch} of {spe})' if state.step_in_epoch else ''}")
     return state
