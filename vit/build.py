@@ -17,7 +17,6 @@ from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
 from vit.logger import info
-from vit.logger import info
 from vit.model import SIZES, VisionTransformer, create_model
 from vit.recipe import check_recipe_config
 
