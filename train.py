@@ -47,6 +47,7 @@ from vit.checkpoint import (
     load_model_weights,
     load_state_dict_file,
     prune_checkpoints,
+    save_best,
     save_checkpoint,
     step_checkpoint_path,
 )
@@ -262,10 +263,10 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
         top1 = (last_ema if cfg.ema.best_from == "ema" else last_val)["top1"]  # ema.best_from picks best.pt
         improved, state.best_top1 = top1 > state.best_top1, max(state.best_top1, top1)
         # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
-        if improved:  # the same on every rank (reduced metrics); payload is a collective under FSDP
+        if improved or cfg.checkpoint.keep_best > 0:  # the same on every rank; payload is a collective under FSDP
             best = payload(with_optimizer=False)
             if rank == 0:
-                save_checkpoint(ckpt_dir / "best.pt", best)
+                save_best(ckpt_dir, best, top1, state.step, improved, cfg.checkpoint.keep_best)
         last_path = save_step()
     train_seconds = state.train_seconds = seconds_before + time.perf_counter() - t_start
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +18,39 @@ from vit.checkpoint import (
     load_state_dict_file,
     prune_checkpoints,
     restore_rng_state,
+    save_best,
     save_checkpoint,
     step_checkpoint_path,
 )
+
+
+def test_keep_best_keeps_the_n_highest_top1(tmp_path):
+    """checkpoint.keep_best=3 over epochs of val top-1 50, 70, 60, 80, 65, 70, 70: the 80 and both first 70s
+    (the last 70 only ties the lowest kept, so the earlier stays); best.pt is the 80."""
+    for step, top1 in enumerate([50.0, 70.0, 60.0, 80.0, 65.0, 70.0, 70.0], start=1):
+        save_best(tmp_path, {"step": step}, top1, step, improved=top1 == 80.0 or step == 1, keep_best=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.pt", "top1_70.0000_step_00000002.pt", "top1_70.0000_step_00000006.pt", "top1_80.0000_step_00000004.pt"]
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 4
+
+
+def test_training_keeps_the_best_epochs_beside_the_last(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from train import train
+
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[1] / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "data=synthetic", "data.img_size=16", "data.num_classes=4", "data.train_samples=32", "data.val_samples=64",
+            "batch_size=16", "epochs=4", "attention=naive", "device=cpu", "progress=false", "logger=none",
+            "checkpoint.keep_last=1", "checkpoint.keep_best=2", "optim.lr=0.05", f"out_dir={tmp_path}"])
+    result = train(cfg)
+    top1 = [h["val_top1"] for h in result["history"]]
+    best = sorted(((-t, e) for e, t in enumerate(top1, start=1)))[:2]
+    expected = {f"top1_{-t:.4f}_step_{2 * e:08d}.pt" for t, e in best}  # 2 steps per epoch
+    names = {p.name for p in (tmp_path / "checkpoints").iterdir()}
+    assert names == {"best.pt", "step_00000008.pt", *expected}, (top1, names)
+    assert "optimizer" not in load_checkpoint(tmp_path / "checkpoints" / min(expected))
 
 
 def test_save_is_atomic_and_roundtrips(tmp_path):

@@ -49,8 +49,8 @@ def check_train_config(cfg) -> None:
              cfg.nonfinite.max_skips, "an integer >= 0")
     _require(isinstance(cfg.eval_batch_size, int) and cfg.eval_batch_size >= 1, "eval_batch_size", cfg.eval_batch_size,
              "a positive integer")
-    for key in ("keep_last", "every_steps"):
-        value = cfg.checkpoint[key]
+    for key in ("keep_last", "every_steps", "keep_best"):
+        value = cfg.checkpoint.get(key, 0)
         _require(isinstance(value, int) and value >= 0, f"checkpoint.{key}", value, "an integer >= 0 (0 = all / never)")
     _require(cfg.schedule.warmup_epochs >= 0, "schedule.warmup_epochs", cfg.schedule.warmup_epochs, "a number >= 0")
     if cfg.data.name != "synthetic":

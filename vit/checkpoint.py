@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, safe load, newest-complete lookup, keep-last-K, timm import, RNG state.
+"""Checkpoints: atomic save, safe load, newest-complete lookup, keep-last-K, keep-best-N, timm import, RNG state.
 
 A checkpoint is one ``torch.save`` file of plain containers and tensors::
 
@@ -32,7 +32,8 @@ from vit.logger import info
 
 FORMAT = 1
 STEP_FILE = re.compile(r"^step_(\d{8})\.pt$")
-TEMP_FILE = re.compile(r"^\.(step_\d{8}|best)\.pt\.tmp(\d+)$")  # save_checkpoint's temp names
+TOP_FILE = re.compile(r"^top1_(\d+\.\d+)_step_(\d{8})\.pt$")  # checkpoint.keep_best's files
+TEMP_FILE = re.compile(r"^\.(step_\d{8}|best|top1_\d+\.\d+_step_\d{8})\.pt\.tmp(\d+)$")  # save_checkpoint's temp names
 _crash_counts: dict[str, int] = {}
 
 
@@ -121,6 +122,25 @@ def prune_checkpoints(ckpt_dir: str | os.PathLike, keep_last: int) -> None:
         return
     for path in list_checkpoints(ckpt_dir)[:-keep_last]:
         path.unlink(missing_ok=True)
+
+
+def save_best(ckpt_dir: str | os.PathLike, content: dict, top1: float, step: int, improved: bool,
+              keep_best: int) -> None:
+    """Write the epoch's weights-only ``content`` as ``best.pt`` if ``improved``, and keep the ``keep_best``
+    checkpoints of highest val ``top1`` (%) as ``top1_<top1>_step_<step>.pt`` (``checkpoint.keep_best``; 0: none).
+    A new one enters when fewer are kept or it beats the lowest (ties keep the earlier); the lowest is deleted."""
+    ckpt_dir = Path(ckpt_dir)
+    if improved:
+        save_checkpoint(ckpt_dir / "best.pt", content)
+    if keep_best <= 0:
+        return
+    kept = [(float(m.group(1)), int(m.group(2)), p) for p in (ckpt_dir.iterdir() if ckpt_dir.is_dir() else [])
+            if (m := TOP_FILE.match(p.name))]
+    if len(kept) >= keep_best and top1 <= min(t for t, _, _ in kept):
+        return
+    path = save_checkpoint(ckpt_dir / f"top1_{top1:.4f}_step_{step:08d}.pt", content)
+    for _, _, old in sorted([*kept, (top1, step, path)], key=lambda e: (-e[0], e[1]))[keep_best:]:
+        old.unlink(missing_ok=True)
 
 
 def capture_rng_state() -> dict:
