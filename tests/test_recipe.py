@@ -282,14 +282,28 @@ def test_summary_csv_has_one_row_per_epoch_and_a_resume_rewrites_the_rest(tmp_pa
     assert list(csv.DictReader(path.open())) == rows
 
 
+@pytest.mark.slow  # two 2-epoch runs on a small folder
 def test_eval_use_ema_evaluates_the_ema_weights(tmp_path):
-    """eval.py use_ema=true on a checkpoint of an ema=on run reproduces val/ema_*; without EMA weights it says so."""
+    """eval.py use_ema=true on a checkpoint of an ema=on run reproduces val/ema_*; without EMA weights it says so.
+    ema.best_from=ema: best.pt is chosen by the EMA's top-1."""
+    from PIL import Image
+
     from eval import evaluate_checkpoint
 
-    base = ["data=synthetic", "data.img_size=8", "data.num_classes=4", "data.train_samples=32", "data.val_samples=8",
-            "model=debug", "attention=naive", "device=cpu", "logger=none", "progress=false", "epochs=1",
-            "batch_size=8", "eval_batch_size=8", "schedule.warmup_epochs=0"]
-    result = train(compose_cfg([*base, "ema=on", "ema.decay=0.5", f"out_dir={tmp_path / 'ema'}"]))
+    rng = np.random.RandomState(0)  # 3 classes told apart by brightness: learnable in 2 epochs
+    for split, count in (("train", 32), ("val", 16)):
+        for c in range(3):
+            (tmp_path / "ds" / split / f"c{c}").mkdir(parents=True)
+            for i in range(count):
+                pixels = np.clip(rng.randint(0, 160, (8, 8, 3)) + 40 * c, 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "ds" / split / f"c{c}" / f"{i}.png")
+    base = ["data=imagefolder", f"data.root={tmp_path / 'ds'}", "data.img_size=8", "data.num_workers=0",
+            "model=debug", "attention=naive", "device=cpu", "logger=none", "progress=false", "epochs=2",
+            "batch_size=8", "eval_batch_size=16", "schedule.warmup_epochs=0"]
+    result = train(compose_cfg([*base, "ema=on", "ema.decay=0.9", "ema.best_from=ema", f"out_dir={tmp_path / 'ema'}"]))
+    history = result["history"]
+    assert any(h["val_top1"] != h["val_ema_top1"] for h in history)  # so that the choice below shows
+    assert result["best_top1"] == max(h["val_ema_top1"] for h in history)
     plain = train(compose_cfg([*base, f"out_dir={tmp_path / 'plain'}"]))
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
         def evaluate(checkpoint, *extra):
@@ -298,7 +312,7 @@ def test_eval_use_ema_evaluates_the_ema_weights(tmp_path):
 
         ema = evaluate(result["checkpoint"], "use_ema=true")
         raw = evaluate(result["checkpoint"])
-        assert ema["weights"] == "ema" and ema["loss"] == pytest.approx(result["history"][0]["val_ema_loss"], rel=1e-6)
+        assert ema["weights"] == "ema" and ema["loss"] == pytest.approx(history[-1]["val_ema_loss"], rel=1e-6)
         assert raw["weights"] == "model" and raw["loss"] == pytest.approx(result["val"]["loss"], rel=1e-6)
         assert ema["loss"] != raw["loss"]
         with pytest.raises(ValueError, match=r"use_ema=true, but .* holds no EMA weights \(its run had ema=none\)"):
