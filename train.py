@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import sys
 import time
 import warnings
@@ -304,7 +305,16 @@ def print_report(last_val: dict, state: TrainState, last_path: Path | None, ckpt
     info(f"checkpoint: {last_path}\nbest:       {ckpt_dir / 'best.pt'}")
     info(f"W&B run:    {wandb_dir} (offline: `wandb sync {wandb_dir}` uploads it)" if wandb_dir
          else "W&B run:    none (logger=none)")
-    info(f"evaluate:   python eval.py checkpoint={last_path}")
+    info(f"evaluate:   python eval.py {shell_override('checkpoint', str(last_path))}")
+
+
+def shell_override(key: str, value: str) -> str:
+    """``key=value`` as one shell word Hydra parses back to ``value``: quoted for both when the value holds a
+    character Hydra's grammar reserves (``=`` is a syntax error unquoted, ``,`` makes a list)."""
+    if not any(c in value for c in "=,'\"()[]{}<>*?$` \\"):
+        return f"{key}={value}"
+    hydra = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+    return shlex.quote(hydra) if any(c in hydra for c in '"$`\\') else f'"{hydra}"'
 
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")

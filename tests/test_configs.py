@@ -18,6 +18,24 @@ def compose_cfg(name: str, overrides: list[str] = ()):
         return compose(config_name=name, overrides=list(overrides))
 
 
+@pytest.mark.parametrize("value", ["outputs/2026-12-01/09-47-45/checkpoints/step_00001320.pt", "runs/lr=1e-3/best.pt",
+                                   "runs/a,b/best.pt", "runs/it's=here/best.pt", "runs/$HOME=x/best.pt"])
+def test_printed_eval_command_survives_the_shell_and_hydra(value):
+    """train.py's last line, `python eval.py checkpoint=...`, stays runnable for a run folder holding `=` or `,`
+    (unquoted, Hydra rejects `=` and splits `,` into a sweep); the README's quoted example parses too."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from train import shell_override
+
+    [word] = shlex.split(shell_override("checkpoint", value))
+    [override] = OverridesParser.create().parse_overrides([word])
+    assert override.key_or_group == "checkpoint" and override.value() == value and not override.is_sweep_override()
+    [readme] = OverridesParser.create().parse_overrides(shlex.split('''"checkpoint='runs/lr=1e-3/best.pt'"'''))
+    assert readme.value() == "runs/lr=1e-3/best.pt"
+
+
 def test_every_group_has_options():
     assert set(GROUPS) >= {"model", "attention", "data", "optim", "schedule", "logger", "experiment"}
     assert {p.stem for p in (CONFIGS / "attention").glob("*.yaml")} == {"auto", "naive", "sdpa", "flash", "cuda"}
