@@ -12,15 +12,12 @@ from pathlib import Path
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
-from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
 from vit.logger import info
 from vit.model import SIZES, VisionTransformer, create_model
-from vit.recipe import check_recipe_config
-
-NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # plus every 1-D parameter (biases, norms)
+from vit.recipe import check_recipe_config, param_groups
 
 
 def _require(ok: bool, key: str, value, allowed: str) -> None:
@@ -249,22 +246,10 @@ def effective_lr(cfg) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """AdamW (Loshchilov & Hutter, 2019) at :func:`effective_lr`, without weight decay on 1-D params,
-    pos_embed and cls_token (frozen parameters, e.g. a sincos2d pos_embed, are left out).
-
-    ``optim.layer_decay=d``: layer-wise learning-rate decay (BEiT, Bao et al. 2022; MAE fine-tuning),
-    timm's ``param_groups_layer_decay``: with L blocks, block i (0-based) learns at lr × d^(L-i), the
-    stem (patch_embed, pos_embed, cls_token) at lr × d^(L+1), the head at lr; timm groups the final norm
-    with the last block (lr × d; MAE's own grouping gives it lr). The timm scheduler applies each group's
-    ``lr_scale``.
-    """
+    """AdamW (Loshchilov & Hutter, 2019) at :func:`effective_lr` over :func:`vit.recipe.param_groups`
+    (weight decay and, with ``optim.layer_decay``, per-layer learning rates)."""
     o = cfg.optim
-    if o.get("layer_decay") is not None:
-        groups = param_groups_layer_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY,
-                                          layer_decay=o.layer_decay)
-    else:
-        groups = param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
-    return torch.optim.AdamW(groups, lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps)
+    return torch.optim.AdamW(param_groups(model, cfg), lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int) -> CosineLRScheduler:

@@ -20,7 +20,8 @@ timm's implementations, wired here (the loop in vit/engine.py calls :class:`Reci
   same way (``fully_shard`` per block), so every rank averages its own shard. Checkpoints hold it under
   ``"ema"`` (a full state dict); ``eval.py use_ema=true`` evaluates it.
 
-Layer-wise learning-rate decay lives with the optimizer (:func:`vit.build.build_optimizer`).
+- **Parameter groups** for AdamW (:func:`param_groups`): no weight decay on 1-D parameters, pos_embed and
+  cls_token; with ``optim.layer_decay``, layer-wise learning-rate decay (timm's ``param_groups_layer_decay``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.utils import ModelEmaV3
 
 from vit.checkpoint import load_model_weights
@@ -38,6 +40,7 @@ from vit.engine import evaluate
 from vit.logger import info
 from vit.wrap import apply_distributed, model_state_dict, unwrap
 
+NO_WEIGHT_DECAY = ("pos_embed", "cls_token")  # plus every 1-D parameter (biases, norms)
 MIXUP_MODES = ("batch", "pair", "elem")
 MIXUP_LOSSES = ("soft_ce", "bce")
 
@@ -117,6 +120,23 @@ def build_loss(cfg):
     if cfg.mixup.loss == "bce":  # smoothing is already in the mixed targets
         return BinaryCrossEntropy(smoothing=0.0, target_threshold=cfg.mixup.bce_target_thresh)
     return SoftTargetCrossEntropy()
+
+
+def param_groups(model: torch.nn.Module, cfg) -> list[dict]:
+    """AdamW parameter groups: ``optim.weight_decay`` on weight matrices, none on 1-D parameters, pos_embed and
+    cls_token; frozen parameters (a sincos2d pos_embed) left out. timm's ``param_groups_weight_decay``.
+
+    ``optim.layer_decay=d``: layer-wise learning-rate decay (BEiT, Bao et al. 2022; MAE fine-tuning), timm's
+    ``param_groups_layer_decay`` over the model's ``group_matcher``: with L blocks, block i (0-based) learns at
+    lr × d^(L-i), the stem (patch_embed, pos_embed, cls_token) at lr × d^(L+1), the head at lr; timm groups
+    the final norm with the last block (lr × d; MAE's own grouping gives it lr). The timm scheduler applies
+    each group's ``lr_scale``.
+    """
+    o = cfg.optim
+    if o.get("layer_decay") is not None:
+        return param_groups_layer_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY,
+                                        layer_decay=o.layer_decay)
+    return param_groups_weight_decay(model, o.weight_decay, no_weight_decay_list=NO_WEIGHT_DECAY)
 
 
 def build_ema(model: torch.nn.Module, cfg, strategy: str, device: torch.device,
