@@ -57,7 +57,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, nam
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"flash attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, H, N, d = q.shape
+    N, d = q.shape[-2:]
     if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
         raise ValueError(f"flash attention: head_dim={d} is outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]; "
                          f"choose embed_dim / num_heads in that range or use attention=sdpa")

@@ -115,7 +115,6 @@ def flash_fwd_kernel(
     Q_base = Q + off_b * stride_qb + off_h * stride_qh
     K_base = K + off_b * stride_kb + off_h * stride_kh
     V_base = V + off_b * stride_vb + off_h * stride_vh
-    O_base = Out + off_b * stride_ob + off_h * stride_oh
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

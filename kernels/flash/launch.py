@@ -18,7 +18,7 @@ such as proton), every call takes Triton's own path so that the hook sees it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from triton.runtime.autotuner import Autotuner

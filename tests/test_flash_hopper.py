@@ -1,0 +1,68 @@
+"""kernels/flash/hopper.py: the TMA-descriptor kernels compute what the pointer kernels compute.
+
+They are not the production path (on the H200 they measured no faster: benchmarks/results/
+flash_h200_20261201.md), but they are kept, swept by ``benchmarks/flash_bench.py --sweep``, and must stay
+right: masked tails (N not a multiple of the tiles), padded head dims (80 -> 128 columns), strided
+packed-qkv views. CPU: Triton's interpreter, fp16 and fp32.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import triton
+from conftest import max_err
+
+from kernels import split_qkv
+from kernels.flash import configs, hopper, op
+from kernels.flash.kernels import LOG2E
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TILES = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
+
+
+def _launch_all(q, k, v, do, out_ref, lse_ref, scale):
+    """The three TMA kernels with small tiles; returns out, lse, dq, dk, dv."""
+    B, H, N, d = q.shape
+    if DEVICE == "cuda":
+        hopper.ensure_allocator()  # device-side descriptors need scratch memory
+    common = {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32,
+              "WARP_SPECIALIZE": False}
+    out, lse = op._empty_out(q), torch.empty(B, H, N, device=DEVICE)
+    bm, bn = TILES["fwd"]
+    hopper.flash_fwd_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
+        q, k, v, out, lse, out, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, N, configs.n_bucket(N), STORE_RES=False, BLOCK_M=bm, BLOCK_N=bn, **common)
+    delta = torch.empty(B, H, N, device=DEVICE)
+    op.launch_preprocess(out_ref, do, delta)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    bm, bn = TILES["dkdv"]
+    hopper.flash_bwd_dkdv_tma_kernel[(triton.cdiv(N, bn) * B * H,)](
+        q, k, v, do, dk, dv, lse_ref, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *dk.stride(), *dv.stride(), H, N, configs.n_bucket(N), BLOCK_M1=bm, BLOCK_N1=bn, **common)
+    bm, bn = TILES["dq"]
+    hopper.flash_bwd_dq_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
+        q, k, v, do, dq, lse_ref, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *dq.stride(), H, N, configs.n_bucket(N), BLOCK_M2=bm, BLOCK_N2=bn, **common)
+    return out, lse, dq, dk, dv
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("B, H, N, d", [(2, 3, 37, 32), (1, 2, 70, 80), (1, 1, 16, 64)])
+def test_tma_kernels_match_the_pointer_kernels(B, H, N, d, dtype):
+    qkv = torch.randn(B, N, 3, H, d, device=DEVICE).to(dtype)  # (B, N, 3, H, d): the ViT's strided views
+    q, k, v = split_qkv(qkv)
+    scale = d ** -0.5
+    out_ref, lse_ref = op._fwd(q, k, v, scale)
+    do = torch.randn_like(out_ref)
+    dq_ref, dk_ref, dv_ref = op._bwd(do, q, k, v, out_ref, lse_ref, scale)
+    got = _launch_all(q, k, v, do, out_ref, lse_ref, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, (out_ref, lse_ref, dq_ref, dk_ref, dv_ref)):
+        assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), (name, max_err(a, b))
+
