@@ -1,0 +1,91 @@
+"""Where a training step's GPU time goes: attention, matmuls, the rest, from the PyTorch profiler.
+
+    python -m benchmarks.profile_step                                  # ViT-B/16, 224 px, batch 256, flash, compiled
+    python -m benchmarks.profile_step --attention sdpa --eager --batch-size 64
+    python -m benchmarks.profile_step --timm                           # timm's ViT with its fused SDPA
+
+The step is benchmarks/train.py's (bf16 autocast, cross-entropy, backward, fused AdamW) on synthetic
+data on the GPU. After warm-up (which includes compilation), ``--steps`` steps are profiled and each CUDA
+kernel's time is put in one bucket by its name (:data:`BUCKETS`, first match wins); the table gives the
+bucket's share of the summed kernel time and its ms per step. Kernel time summed is not wall time: gaps
+(the GPU waiting for the CPU) show as the difference between the two, printed last.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+import torch
+
+from benchmarks.train import MODELS, build, train_step
+
+# bucket -> regex on the kernel name; first match wins, "other" takes the rest.
+BUCKETS = {
+    "attention": r"flash|fmha|attn|sdpa|cudnn.*(mha|attention)|vit_cuda",
+    "matmul": r"gemm|xmma|nvjet|cutlass|^triton_tem|sm90_|sm80_|ampere_|hopper_|wgmma",
+    "optimizer": r"adam|multi_tensor|foreach",
+    "norm / softmax / elementwise (fused by Inductor)": r"^triton_",
+    "elementwise (eager)": r"elementwise|vectorized|reduce|layer_norm|softmax|gelu|copy|fill",
+}
+
+
+def bucket(name: str) -> str:
+    for label, pattern in BUCKETS.items():
+        if re.search(pattern, name, re.IGNORECASE):
+            return label
+    return "other"
+
+
+def profile(model, opt, x, y, steps: int) -> tuple[dict[str, float], float]:
+    """-> (bucket -> kernel ms per step, wall ms per step) over ``steps`` profiled steps."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            train_step(model, opt, x, y, None, "cuda")
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            label = bucket(event.key)
+            totals[label] = totals.get(label, 0.0) + event.device_time_total / 1e3 / steps
+    return totals, wall
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=list(MODELS), default="vit_base_patch16_224")
+    p.add_argument("--attention", default="flash", help="our backend (ignored with --timm)")
+    p.add_argument("--timm", action="store_true", help="profile timm's model instead of ours")
+    p.add_argument("--eager", action="store_true", help="no torch.compile")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.profile_step profiles CUDA kernels; run it on a machine with a CUDA GPU")
+    spec = MODELS[args.model]
+    B, S = args.batch_size or spec["batch"], spec["img_size"]
+    model = build("timm" if args.timm else args.attention, spec, "cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
+    step_model = model if args.eager else torch.compile(model)
+    x, y = torch.randn(B, 3, S, S, device="cuda"), torch.randint(0, 1000, (B,), device="cuda")
+    for _ in range(args.warmup):
+        train_step(step_model, opt, x, y, None, "cuda")
+    totals, wall = profile(step_model, opt, x, y, args.steps)
+    kernel = sum(totals.values())
+    what = "timm + SDPA" if args.timm else f"ours, {args.attention}"
+    print(f"{args.model}, batch {B}, {what}, {'eager' if args.eager else 'compiled'}: "
+          f"{B / wall * 1e3:.0f} img/s, {wall:.1f} ms per step, {kernel:.1f} ms of kernels per step")
+    for label, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:50s} {ms:7.2f} ms  {100 * ms / kernel:5.1f} %")
+    print(f"  {'GPU idle (wall - kernels)':50s} {wall - kernel:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
