@@ -3,8 +3,10 @@
 ``train(cfg)`` is plain and testable (tests build ``cfg`` with ``hydra.compose``); ``main`` is the
 ``@hydra.main`` wrapper. Outputs go to ``out_dir`` (default: the Hydra run dir, outputs/<date>/<time>):
 ``checkpoints/step_XXXXXXXX.pt`` (last ``checkpoint.keep_last``), ``checkpoints/best.pt`` (weights of
-the best validation top-1), ``metrics.jsonl`` (every logged line), ``summary.json`` (final metrics,
-steady-state images/s, peak memory) and ``wandb/`` (the W&B run).
+the best validation top-1, of the EMA's with ``ema.best_from=ema``), ``metrics.jsonl`` (every logged line),
+``summary.csv`` (one row per epoch, timm's columns), ``summary.json`` (final metrics, steady-state images/s,
+peak memory) and ``wandb/`` (the W&B run). Mixup/cutmix, the loss and the EMA of the weights come from
+:mod:`vit.recipe`.
 
 Several processes: ``torchrun --nproc_per_node=G train.py ...`` (vit/distributed.py). ``batch_size`` stays
 the global batch; rank 0 alone prints, logs and writes checkpoints, into rank 0's output directory.
