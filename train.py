@@ -53,6 +53,7 @@ from vit.checkpoint import (
     save_best,
     save_checkpoint,
     step_checkpoint_path,
+    timm_pretrained_state_dict,
 )
 from vit.data import build_data
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
@@ -70,6 +71,20 @@ from vit.wrap import (
     resolve_strategy,
     unwrap,
 )
+
+
+def load_init_weights(model: torch.nn.Module, cfg: DictConfig, margs: dict) -> None:
+    """``init_from``: ``timm:<model name>`` (timm's pretrained loading; ``init_from_file`` reads a local copy),
+    or a path to one of our checkpoints or a bare state dict (.pth, .safetensors)."""
+    file = to_absolute_path(cfg.init_from_file) if cfg.get("init_from_file") else None
+    if cfg.init_from.startswith("timm:"):
+        name = cfg.init_from.removeprefix("timm:")
+        state, source = timm_pretrained_state_dict(name, margs, file), f"timm:{name}" + (f" ({file})" if file else "")
+    else:
+        source = to_absolute_path(cfg.init_from)
+        state = load_state_dict_file(source)
+    load_model_weights(model, state, source=source)
+    info(f"[init] weights from {source}")
 
 
 def seed_all(seed: int) -> None:
@@ -169,9 +184,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
     model = build_model(margs, backend, cfg.attention).to(device)  # the same initial weights on every rank (same seed)
     state = TrainState()
     if cfg.init_from:  # weights only (ours or timm's), pos_embed resized to this image size; fresh optimizer
-        init_path = to_absolute_path(cfg.init_from)
-        load_model_weights(model, load_state_dict_file(init_path), source=init_path)
-        info(f"[init] weights from {init_path}")
+        load_init_weights(model, cfg, margs)
     cfg_dict = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))  # what checkpoints and W&B hold
     resume = find_resume(cfg.resume, ckpt_dir)
     if resume is not None:

@@ -390,6 +390,30 @@ def test_init_from_resizes_pos_embed_for_another_image_size(run_a, digits_root, 
     torch.testing.assert_close(tuned["pos_embed"][:, 0], source["pos_embed"][:, 0], rtol=0, atol=1e-6)  # class token
 
 
+def test_init_from_timm_reads_a_local_file_offline(tmp_path, monkeypatch):
+    """init_from=timm:vit_tiny_patch16_224 init_from_file=<state dict saved by timm>, with the hub offline: timm's
+    own pretrained loading reads the file, resamples pos_embed to the 2×2 grid of 32 px, gives a fresh 4-class head."""
+    import timm
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    saved = timm.create_model("vit_tiny_patch16_224", pretrained=False).state_dict()
+    torch.save(saved, tmp_path / "vit_tiny.pth")
+    cfg = compose_cfg("train", ["model=tiny", "data=synthetic", "data.img_size=32", "data.num_classes=4",
+                                "data.train_samples=16", "data.val_samples=8", "batch_size=16", "epochs=1",
+                                "attention=sdpa", "logger=none", "progress=false", f"out_dir={tmp_path / 'out'}",
+                                "init_from=timm:vit_tiny_patch16_224", f"init_from_file={tmp_path / 'vit_tiny.pth'}",
+                                "optim.lr=1e-12", "schedule.min_lr=0", "schedule.warmup_lr_init=0",
+                                "schedule.warmup_epochs=0"])
+    tuned = load_checkpoint(train(cfg)["checkpoint"])["model"]
+    for name in ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.11.mlp.fc2.bias", "norm.weight"):
+        torch.testing.assert_close(tuned[name], saved[name], rtol=0, atol=1e-6)
+    assert tuned["pos_embed"].shape == (1, 5, 192) and tuned["head.weight"].shape == (4, 192)
+    torch.testing.assert_close(tuned["pos_embed"][:, 0], saved["pos_embed"][:, 0], rtol=0, atol=1e-6)  # class token
+    with pytest.raises(ValueError, match=r"init_from_file=.*null unless init_from=timm:<model name>"):
+        train(compose_cfg("train", [f"init_from_file={tmp_path / 'vit_tiny.pth'}", "logger=none"]))
+
+
 def test_synthetic_data_with_grad_accum(tmp_path):
     """Throughput path: device-made batches, 2 micro-batches per optimizer step, partial last val batch."""
     cfg = compose_cfg("train", ["data=synthetic", "data.img_size=32", "data.num_classes=10", "data.train_samples=128",

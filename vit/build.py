@@ -63,6 +63,9 @@ def check_train_config(cfg) -> None:
     _require(cfg.resume is None or isinstance(cfg.resume, str), "resume", cfg.resume, "null, 'auto' or a path")
     _require(cfg.get("init_from") is None or isinstance(cfg.init_from, str), "init_from", cfg.get("init_from"),
              "null or a path to weights")
+    file = cfg.get("init_from_file")
+    _require(file is None or str(cfg.get("init_from")).startswith("timm:"), "init_from_file", file,
+             "null unless init_from=timm:<model name> (a state dict file goes in init_from itself)")
     check_model_config(cfg)
     check_recipe_config(cfg)
 

@@ -169,6 +169,35 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def timm_pretrained_state_dict(name: str, margs: dict, file: str | os.PathLike | None = None) -> dict:
+    """timm's pretrained weights for model ``name`` (e.g. ``vit_base_patch16_224.augreg_in21k_ft_in1k``) through
+    ``timm.create_model(pretrained=True)``: downloaded into timm's cache when online, read from ``file`` (timm's
+    ``pretrained_cfg_overlay=dict(file=...)``) when given. Built at this run's ``img_size`` (timm resamples the
+    position embedding) and ``num_classes`` (a head of another size is left at timm's initialisation, as timm
+    does for fine-tuning).
+
+    Raises:
+        ValueError: timm has no model ``name``.
+        RuntimeError: the weights could not be fetched (offline without ``file``, or a bad file); says what to pass.
+    """
+    import timm
+
+    overlay = {"file": str(file)} if file else None
+    try:
+        model = timm.create_model(name, pretrained=True, num_classes=margs["num_classes"], img_size=margs["img_size"],
+                                  pretrained_cfg_overlay=overlay)
+    except RuntimeError as e:
+        if "Unknown model" not in str(e):
+            raise
+        raise ValueError(f"init_from=timm:{name}: timm has no model {name!r}; timm.list_models('vit_*', "
+                         f"pretrained=True) lists those with weights") from e
+    except OSError as e:  # no network, no cached copy, or an unreadable file
+        raise RuntimeError(f"init_from=timm:{name}: timm could not load its pretrained weights ({type(e).__name__}: "
+                           f"{e}); offline, download them where there is a network and pass "
+                           f"init_from_file=<the .safetensors or .pth file>") from e
+    return model.state_dict()
+
+
 def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A bare model state dict (e.g. timm's): ``.safetensors``, or a torch file loaded with
     ``weights_only=True``; a checkpoint of ours, or a dict under ``state_dict``/``model``, is unwrapped."""
