@@ -9,6 +9,26 @@ from vit.checkpoint import load_model_weights
 from vit.model import SIZES, create_model
 
 
+def test_rectangular_img_size_matches_timm_and_resizes_a_square_pos_embed():
+    """img_size=[H, W] as timm's tuple: same patch grid and logits as timm's ViT at (32, 64); a square 8×8
+    pos_embed (32 px, patch 4) loads into a [48, 32] model resampled to the 12×8 grid."""
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=(32, 64), num_classes=5).eval()
+    ours = create_model("tiny", attention="naive", img_size=[32, 64], patch_size=16, num_classes=5).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 3, 32, 64)
+    with torch.no_grad():
+        assert (ours(x) - ref(x)).abs().max().item() <= 1e-5
+    assert ours.patch_embed.grid == (2, 4) and ours.seq_len == 9
+    with pytest.raises(ValueError, match=r"input images are 64×32, the model was built for 32×64"):
+        ours(x.transpose(2, 3))
+    square = create_model("debug", img_size=32, patch_size=4, num_classes=3).state_dict()
+    rect = create_model("debug", img_size=[48, 32], patch_size=4, num_classes=3)
+    load_model_weights(rect, square, source="square.pt")
+    assert rect.pos_embed.shape == (1, 12 * 8 + 1, 64)
+    assert torch.equal(rect.pos_embed[:, 0], square["pos_embed"][:, 0])  # the class token's row is kept
+
+
 def test_timm_state_dict_loads_strict_and_logits_match():
     torch.manual_seed(0)
     ref = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()

@@ -414,6 +414,23 @@ def test_init_from_timm_reads_a_local_file_offline(tmp_path, monkeypatch):
         train(compose_cfg("train", [f"init_from_file={tmp_path / 'vit_tiny.pth'}", "logger=none"]))
 
 
+def test_rectangular_images_train_from_an_image_folder(tmp_path):
+    """data.img_size=[16, 32]: the folder's images are cropped to 16×32 (train and eval), N = 4·8 + 1 = 33, and the
+    checkpoint keeps [16, 32] (a resume with it passes the model check)."""
+    root = make_folder(tmp_path / "ds", {"train": {"cat": 8, "dog": 8}, "val": {"cat": 2, "dog": 2}})
+    overrides = ["data=imagefolder", f"data.root={root}", "data.img_size=[16,32]", "data.num_workers=0",
+                 "batch_size=8", "epochs=1", "attention=naive", "logger=none", "progress=false",
+                 "schedule.warmup_epochs=0", f"out_dir={tmp_path / 'out'}"]
+    result = train(compose_cfg("train", overrides))
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["seq_len"] == 33
+    ckpt = load_checkpoint(result["checkpoint"])
+    assert ckpt["model_args"]["img_size"] == [16, 32] and ckpt["model"]["pos_embed"].shape == (1, 33, 64)
+    resumed = train(compose_cfg("train", [*overrides, "epochs=1", f"resume={result['checkpoint']}"]))
+    assert resumed["steps"] == result["steps"]
+    with pytest.raises(ValueError, match=r"data.img_size=\[16, 30\]: an integer or \[height, width\], each a multiple"):
+        train(compose_cfg("train", ["data.img_size=[16,30]", "logger=none"]))
+
+
 def test_synthetic_data_with_grad_accum(tmp_path):
     """Throughput path: device-made batches, 2 micro-batches per optimizer step, partial last val batch."""
     cfg = compose_cfg("train", ["data=synthetic", "data.img_size=32", "data.num_classes=10", "data.train_samples=128",

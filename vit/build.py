@@ -16,7 +16,7 @@ from timm.scheduler import CosineLRScheduler
 
 from kernels import HEAD_DIM_LIMITS, available_backends, get_attention
 from vit.logger import info
-from vit.model import SIZES, VisionTransformer, create_model
+from vit.model import SIZES, VisionTransformer, create_model, img_hw
 from vit.recipe import check_recipe_config, param_groups
 
 
@@ -77,8 +77,12 @@ def check_model_config(cfg) -> None:
              f"one of auto, {', '.join(available_backends())} (set it with attention=<name>)")
     img, patch = cfg.data.img_size, cfg.model.patch_size
     _require(isinstance(patch, int) and patch >= 1, "model.patch_size", patch, "a positive integer")
-    _require(isinstance(img, int) and img >= patch and img % patch == 0, "data.img_size", img,
-             f"a multiple of model.patch_size={patch}")
+    if isinstance(img, int):
+        _require(img >= patch and img % patch == 0, "data.img_size", img, f"a multiple of model.patch_size={patch}")
+    else:
+        hw = list(img) if hasattr(img, "__len__") and not isinstance(img, str) else []
+        _require(len(hw) == 2 and all(isinstance(s, int) and s >= patch and s % patch == 0 for s in hw),
+                 "data.img_size", img, f"an integer or [height, width], each a multiple of model.patch_size={patch}")
     dims = SIZES[cfg.model.size]
     head_dim = dims["embed_dim"] // dims["num_heads"]
     lo, hi = HEAD_DIM_LIMITS.get(cfg.attention.name, (1, head_dim))
@@ -100,7 +104,8 @@ def token_count_warning(margs: dict, backend: str, micro_batch: int) -> str | No
     16 (a model made for small images, e.g. ``debug``'s patch 4 at 224 px: N = 3137), or with
     ``attention=naive``, which stores the (B, H, N, N) scores."""
     size, img, patch = margs["size"], margs["img_size"], margs["patch_size"]
-    n = (img // patch) ** 2 + 1
+    (h, w), img = img_hw(img), img if isinstance(img, int) else list(img)
+    n = (h // patch) * (w // patch) + 1
     if n <= QUIET_TOKENS or (patch >= 16 and backend != "naive"):
         return None
     heads = SIZES[size]["num_heads"]
@@ -110,7 +115,7 @@ def token_count_warning(margs: dict, backend: str, micro_batch: int) -> str | No
            f"under attention=naive, and time grows as N²")
     if patch < 16:
         return msg + (f". For {img} px images use model=tiny, model=small or model=base (patch 16: "
-                      f"N={(img // 16) ** 2 + 1}), or a larger model.patch_size")
+                      f"N={(h // 16) * (w // 16) + 1}), or a larger model.patch_size")
     return msg + "; use attention=flash (memory linear in N), grad_ckpt=true or a smaller batch_size"
 
 
@@ -213,7 +218,8 @@ def resolve_amp(name: str, device: torch.device) -> torch.dtype | None:
 def model_args(cfg, num_classes: int) -> dict:
     """Arguments of :func:`vit.model.create_model` from a config; stored in checkpoints."""
     m = cfg.model
-    return {"size": m.size, "img_size": cfg.data.img_size, "patch_size": m.patch_size, "num_classes": num_classes,
+    img = cfg.data.img_size if isinstance(cfg.data.img_size, int) else list(cfg.data.img_size)  # plain, for checkpoints
+    return {"size": m.size, "img_size": img, "patch_size": m.patch_size, "num_classes": num_classes,
             "drop_rate": m.drop_rate, "drop_path_rate": m.drop_path_rate,
             "global_pool": m.get("global_pool", "token"), "pos_embed": m.get("pos_embed", "learn")}
 

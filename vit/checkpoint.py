@@ -231,14 +231,18 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict[str, torch.Tenso
     want = own.get("pos_embed")
     if pos is not None and want is not None and pos.shape != want.shape and pos.shape[-1] == want.shape[-1]:
         prefix = getattr(model, "num_prefix_tokens", 1)  # the class token's row, kept as is
-        old_grid, new_grid = int((pos.shape[1] - prefix) ** 0.5), int((want.shape[1] - prefix) ** 0.5)
+        side = round((pos.shape[1] - prefix) ** 0.5)
+        if side * side != pos.shape[1] - prefix:
+            raise RuntimeError(f"{source}: its pos_embed has {pos.shape[1] - prefix} patch positions, not a square "
+                               f"grid, so its grid is unknown; load it at the image size it was made for")
+        old_grid, new_grid = [side, side], list(model.patch_embed.grid)
         if not model.pos_embed.requires_grad:  # fixed sin-cos: the model's own for the new grid
             state_dict["pos_embed"] = want
         else:
-            state_dict["pos_embed"] = resample_abs_pos_embed(pos, [new_grid, new_grid], [old_grid, old_grid],
-                                                             num_prefix_tokens=prefix, interpolation="bicubic")
+            state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_grid, old_grid, num_prefix_tokens=prefix,
+                                                             interpolation="bicubic")
         info(f"[checkpoint] {'resized' if model.pos_embed.requires_grad else 'recomputed the fixed'} pos_embed "
-              f"from a {old_grid}×{old_grid} to a {new_grid}×{new_grid} patch grid")
+             f"from a {side}×{side} to a {new_grid[0]}×{new_grid[1]} patch grid")
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
     mismatched = [f"{k}: {tuple(state_dict[k].shape)} in {source}, {tuple(own[k].shape)} in model"

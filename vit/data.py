@@ -29,6 +29,7 @@ from torch.utils.data import Dataset, Sampler
 from vit.build import resolve_num_workers
 from vit.images import ImageFolderLoader, check_same_classes, collate_drop_bad, open_split
 from vit.logger import info
+from vit.model import img_hw
 
 DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
 
@@ -100,7 +101,8 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
 def build_transform(cfg, is_training: bool):
     """timm transform from a ``data`` config: RandomResizedCrop/flip/RandAugment for training,
     resize + center crop (``crop_pct``) for evaluation; normalised float (3, S, S) output."""
-    common = {"input_size": cfg.img_size, "interpolation": cfg.interpolation, "mean": tuple(cfg.mean),
+    size = cfg.img_size if isinstance(cfg.img_size, int) else img_hw(cfg.img_size)  # an int resizes the short side
+    common = {"input_size": size, "interpolation": cfg.interpolation, "mean": tuple(cfg.mean),
               "std": tuple(cfg.std)}
     if not is_training:
         return create_transform(**common, is_training=False, crop_pct=cfg.crop_pct)
@@ -208,7 +210,7 @@ class SyntheticLoader:
         sizes = [batch_size] * (num_samples // batch_size)
         if not drop_last and num_samples % batch_size:
             sizes.append(num_samples % batch_size)
-        self.sizes, self.img_size, self.num_classes = sizes, img_size, num_classes
+        self.sizes, self.img_hw, self.num_classes = sizes, img_hw(img_size), num_classes
         self.device, self.seed = torch.device(device), seed
         self.dataset = range(sum(sizes))
 
@@ -218,9 +220,9 @@ class SyntheticLoader:
     def __iter__(self):
         gen = torch.Generator(device=self.device).manual_seed(self.seed)
         for size in self.sizes:
-            x = torch.randn(size, 3, self.img_size, self.img_size, generator=gen, device=self.device)
+            x = torch.randn(size, 3, *self.img_hw, generator=gen, device=self.device)
             y = torch.randint(0, self.num_classes, (size,), generator=gen, device=self.device)
-            yield x, y  # (B, 3, S, S), (B,)
+            yield x, y  # (B, 3, H, W), (B,)
 
 
 @dataclass

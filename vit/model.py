@@ -52,23 +52,39 @@ def posemb_sincos_2d(h: int, w: int, dim: int, temperature: float = 10_000.0) ->
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).float()[None]
 
 
-class PatchEmbed(nn.Module):
-    """(B, C, S, S) image -> (B, (S/P)², D) patch tokens through a P×P stride-P convolution."""
+def img_hw(img_size) -> tuple[int, int]:
+    """``img_size`` as (height, width) pixels: an int is square, ``[H, W]`` (list or tuple) rectangular, as timm's
+    ``img_size``. Raises ValueError for anything else."""
+    if isinstance(img_size, int) and not isinstance(img_size, bool):
+        return img_size, img_size
+    hw = tuple(img_size) if not isinstance(img_size, str) and hasattr(img_size, "__len__") else ()
+    if len(hw) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in hw):
+        raise ValueError(f"img_size={img_size!r}: an integer (square) or [height, width] in pixels")
+    return hw
 
-    def __init__(self, img_size: int, patch_size: int, in_chans: int, embed_dim: int):
+
+class PatchEmbed(nn.Module):
+    """(B, C, H, W) image -> (B, (H/P)·(W/P), D) patch tokens (row-major) through a P×P stride-P convolution.
+
+    ``img_size``: an int (square) or (H, W); ``grid`` is (H/P, W/P)."""
+
+    def __init__(self, img_size, patch_size: int, in_chans: int, embed_dim: int):
         super().__init__()
-        if img_size % patch_size != 0:
+        self.img_hw = img_hw(img_size)
+        if self.img_hw[0] % patch_size or self.img_hw[1] % patch_size:
             raise ValueError(f"img_size={img_size} is not divisible by patch_size={patch_size}; "
                              f"choose an img_size that is a multiple of {patch_size}")
         self.img_size, self.patch_size = img_size, patch_size
-        self.num_patches = (img_size // patch_size) ** 2
+        self.grid = (self.img_hw[0] // patch_size, self.img_hw[1] // patch_size)
+        self.num_patches = self.grid[0] * self.grid[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         S1, S2 = x.shape[-2:]  # (B, C, S1, S2)
-        if S1 != self.img_size or S2 != self.img_size:
-            raise ValueError(f"input images are {S1}×{S2}, the model was built for {self.img_size}×{self.img_size}; "
-                             f"set data.img_size={self.img_size}, or build the model with img_size={S1}")
+        if (S1, S2) != self.img_hw:
+            H, W = self.img_hw
+            raise ValueError(f"input images are {S1}×{S2}, the model was built for {H}×{W}; set data.img_size="
+                             f"{H if H == W else [H, W]}, or build the model with img_size={[S1, S2]}")
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
 
 
@@ -179,9 +195,8 @@ class VisionTransformer(nn.Module):
         if self.pos_embed_type == "learn":
             trunc_normal_(self.pos_embed, std=0.02)
         else:  # the class token's row, if any, stays 0 (big_vision adds the embedding before prepending it)
-            grid = self.patch_embed.img_size // self.patch_embed.patch_size
             with torch.no_grad():
-                self.pos_embed[:, self.num_prefix_tokens:] = posemb_sincos_2d(grid, grid, self.embed_dim)
+                self.pos_embed[:, self.num_prefix_tokens:] = posemb_sincos_2d(*self.patch_embed.grid, self.embed_dim)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
