@@ -106,3 +106,26 @@ def test_gpu_fp32_delta_gradients_accurate_at_huge_logits(seq_len, scale):
         print(f"N={seq_len} scale={scale}: default within the bound too: {default}")
     except AssertionError as e:  # expected at large scales: what the option is for
         print(f"N={seq_len} scale={scale}: default outside the bound: {e}")
+
+
+
+@pytest.mark.parametrize("override", ["off", "'false'", "1"])
+def test_fp32_delta_must_be_a_bool(override):
+    """Hydra hands ``attention.fp32_delta=off`` (or ``=no``, or a quoted ``'false'``) on as a string, which is
+    truthy: it must be refused, not silently turn the option on."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from vit.build import build_model
+
+    with initialize_config_dir(config_dir=str(Path(__file__).parents[1] / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["attention=flash", f"attention.fp32_delta={override}"])
+    assert not isinstance(cfg.attention.fp32_delta, bool)
+    margs = {"size": "debug", "img_size": 8, "patch_size": 4, "num_classes": 3}
+    model = build_model(margs, "flash", cfg.attention)
+    with pytest.raises(TypeError, match="fp32_delta must be a bool"):
+        model(torch.randn(1, 3, 8, 8))
+    q, k, v = make_qkv(1, 1, 5, 16, device=DEVICE)
+    with pytest.raises(TypeError, match="fp32_delta must be a bool"):
+        attention(q, k, v, fp32_delta=cfg.attention.fp32_delta)

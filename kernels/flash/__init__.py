@@ -77,6 +77,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, nam
     return softmax_scale
 
 
+def _check_fp32_delta(fp32_delta) -> None:
+    """A bool, not merely truthy: Hydra passes ``attention.fp32_delta=off`` (or ``=no``) on as a string."""
+    if not isinstance(fp32_delta, bool):
+        raise TypeError(f"flash attention: fp32_delta must be a bool, got {fp32_delta!r} ({type(fp32_delta).__name__}); "
+                        f"on the command line write attention.fp32_delta=true or attention.fp32_delta=false")
+
+
 def _tracing() -> bool:
     """torch.compile / export or torch.jit.trace is recording: call the ``torch.library`` ops, which they see.
     (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call the ops ``fwd``/``fwd_qkvpacked``.)"""
@@ -102,13 +109,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         ``out``: ``(B, H, N, d)``, q's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable in q, k, v.
 
     Raises:
-        TypeError: a non-tensor, an unsupported dtype, or mixed dtypes.
+        TypeError: a non-tensor, an unsupported dtype, mixed dtypes, or a non-bool ``fp32_delta``.
         ValueError: shapes differ or are not 4-D, head_dim outside 16-256,
             a non-positive softmax_scale, or tensors on different devices.
         RuntimeError: inputs not on a CUDA GPU and ``TRITON_INTERPRET=1`` was not set; at backward
             time, a second derivative (``create_graph=True`` through the gradient): not implemented.
     """
     softmax_scale = _check(q, k, v, softmax_scale)
+    _check_fp32_delta(fp32_delta)
     if _tracing():  # the torch.library op, which compile traces
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
     return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)  # (B, H, N, d); same kernels, less CPU
@@ -133,13 +141,14 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
         in ``qkv``; its gradient is a contiguous ``(B, N, 3, H, d)`` tensor.
 
     Raises:
-        TypeError: ``qkv`` is not a tensor, or has an unsupported dtype.
+        TypeError: ``qkv`` is not a tensor, has an unsupported dtype, or ``fp32_delta`` is not a bool.
         ValueError: ``qkv`` is not ``(B, N, 3, H, d)``; otherwise as :func:`attention`.
         RuntimeError: as :func:`attention`.
     """
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
+    _check_fp32_delta(fp32_delta)
     if _tracing():
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
     return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)  # (B, H, N, d)
