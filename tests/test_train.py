@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -240,6 +241,28 @@ def test_console_lines_reach_the_run_folders_train_log(tmp_path):
         text = log.read_text()
         assert "][INFO] [run] " in text and "][INFO] [val   epoch 1/1] step 2 " in text and "final val top-1" in text
     assert "never leaves warm-up" in (tmp_path / "hydra" / "train.log").read_text()  # a ConfigWarning
+
+
+def test_multirun_sweep_is_one_wandb_group_with_runs_named_by_their_overrides(tmp_path):
+    """`python train.py -m attention=naive,sdpa ...`: both W&B runs share the sweep's group, each is named by its
+    overrides and tagged with the value of the swept key."""
+    import subprocess
+    import sys
+
+    overrides = ["-m", "attention=naive,sdpa", "data=synthetic", "data.img_size=16", "data.num_classes=4",
+                 "data.train_samples=16", "data.val_samples=8", "batch_size=16", "epochs=1", "device=cpu",
+                 "schedule.warmup_epochs=0", "progress=false", "logger=wandb", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    run = subprocess.run([sys.executable, "train.py", *overrides], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).parents[1], env=env, check=False)
+    assert run.returncode == 0, run.stderr
+    runs = {}
+    for job in (tmp_path / "sweep").glob("[0-9]"):
+        [record] = [r.run for r in read_wandb_records(next(job.glob("wandb/offline-run-*/run-*.wandb")))
+                    if r.WhichOneof("record_type") == "run"]
+        runs[record.display_name] = (record.run_group, list(record.tags))
+    group = str(tmp_path / "sweep")
+    assert runs == {"attention=naive": (group, ["attention=naive"]), "attention=sdpa": (group, ["attention=sdpa"])}
 
 
 def test_unknown_backend_is_a_clear_error():

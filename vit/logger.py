@@ -140,12 +140,34 @@ def trim_metrics(path: Path, last_step: int) -> int:
     return len(lines) - len(kept)
 
 
+def sweep_identity(argv: list[str] | None = None) -> dict:
+    """W&B names for a job of a Hydra multirun (``-m attention=naive,sdpa``), {} otherwise: ``group`` the sweep
+    (its folder, ``hydra.sweep.dir``), ``tags`` ``key=value`` of the keys the sweep varies (read from the command
+    line ``argv``, default ``sys.argv``), ``name`` those joined (``attention=sdpa``; all of the job's overrides,
+    ``hydra.job.override_dirname``, if none is known), so the runs of one sweep compare side by side."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return {}
+    hydra = HydraConfig.get()
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    try:
+        varying = {o.key_or_group for o in OverridesParser.create().parse_overrides(words) if o.is_sweep_override()}
+    except OverrideParseException:  # a launcher's own argv: no sweep keys to read, the run name still says it all
+        varying = set()
+    tags = [o for o in hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") in varying]
+    name = ",".join(tags) or hydra.job.override_dirname or hydra.job.name
+    return {"group": str(hydra.sweep.dir), "name": name, "tags": tags}
+
+
 class RunLogger:
     """Console + optional W&B run. Non-zero ranks print nothing and log nothing.
 
     Args:
         cfg: the ``logger`` config (``name``: wandb|none, ``project``, ``mode``: offline|online|disabled,
-            ``run_name``, ``tags``).
+            ``run_name``, ``group``, ``tags``; see :func:`sweep_identity` for their multirun defaults).
         out_dir: the run's output folder; W&B writes under ``out_dir/wandb``.
         run_config: resolved config dict (with ``env``) stored as the W&B run config.
         rank: process rank; only rank 0 logs.
@@ -164,7 +186,10 @@ class RunLogger:
             return
         import wandb
 
-        self.run = wandb.init(project=cfg.project, name=cfg.run_name, tags=list(cfg.tags or []), mode=cfg.mode,
+        sweep = sweep_identity()
+        self.run = wandb.init(project=cfg.project, name=cfg.run_name or sweep.get("name"),
+                              group=cfg.get("group") or sweep.get("group"),
+                              tags=[*(cfg.tags or []), *sweep.get("tags", [])], mode=cfg.mode,
                               dir=str(out_dir), config=scrub_secrets(run_config), reinit="finish_previous",
                               id=run_id, resume="allow" if run_id else None)
         self.run.define_metric("val/*", step_metric="epoch")
