@@ -75,7 +75,7 @@ def console_log(out_dir: Path, write_file: bool = True):
         console.addHandler(handler)
     logging.captureWarnings(hydra_dir is not None)
     try:
-        with logging_redirect_tqdm(loggers=[logging.getLogger(), console]):
+        with logging_redirect_tqdm(loggers=[console] if hydra_dir is None else [logging.getLogger()]):
             yield
     finally:
         logging.captureWarnings(False)
