@@ -34,9 +34,8 @@ from vit.attention_plots import plot_maps, plot_per_head
 from vit.attention_probe import AttentionProbe
 from vit.build import build_model, check_model_config, resolve_amp, resolve_device, resolve_out_dir
 from vit.checkpoint import load_model_weights
-from vit.data import build_eval_data
+from vit.data import build_eval_data, spread_images
 from vit.engine import autocast, memory_peaks_mb
-from vit.images import collate_drop_bad
 from vit.logger import RunLogger, environment, info
 
 
@@ -91,19 +90,6 @@ def measure(model, loader, probe: AttentionProbe, limit: int, device, amp_dtype)
         raise ValueError("the validation set is empty; add images to the val/<class>/ folders")
     return {"images": n, "mean_attention_distance_px": (dist / n).tolist(),
             "attention_entropy_nats": (ent / n).tolist(), "max_logit": top.tolist()}
-
-
-def spread_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` val images spread evenly over the val set (its folders are sorted by class), or the
-    first ones of a loader without a dataset (synthetic data); bad files are left out."""
-    dataset = getattr(loader, "dataset", None)
-    if dataset is None:
-        return next(val_batches(loader, count))
-    picks = np.unique(np.linspace(0, len(dataset) - 1, count).round().astype(int))
-    batch = collate_drop_bad([dataset[int(i)] for i in picks])
-    if batch is None:
-        raise ValueError(f"none of the val images picked for the maps ({picks.tolist()}) decodes")
-    return batch[0], batch[1]
 
 
 @torch.no_grad()

@@ -59,6 +59,7 @@ from vit.data import build_data
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
 from vit.logger import RunLogger, append_summary_csv, console_log, environment, info, scrub_secrets, trim_summary_csv
+from vit.monitor import AttentionMonitor
 from vit.recipe import build_recipe
 from vit.resume import find_resume, restore_run
 from vit.wrap import (
@@ -244,9 +245,12 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
         return path
 
     step_ends: list[list[float]] = []  # per epoch: perf_counter() at its start and at each optimizer step's end
+    monitor = AttentionMonitor.from_config(cfg, model, data.val_loader, device, amp_dtype)  # None: off
 
     def on_step_end(s: TrainState) -> None:
         step_ends[-1].append(time.perf_counter())
+        if monitor is not None:
+            monitor.after_step(s.step, logger)
         every = cfg.checkpoint.every_steps
         if every > 0 and s.step % every == 0 and s.step_in_epoch < steps_per_epoch:
             save_step()

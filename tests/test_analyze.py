@@ -35,7 +35,7 @@ def compose_cfg(name: str, overrides: list[str]):
 
 def hand_computed(model: VisionTransformer, x: torch.Tensor) -> dict:
     """Each layer's P from the block's own modules, then the probe's quantities by their definitions."""
-    prefix, grid = model.num_prefix_tokens, model.patch_embed.img_size // model.patch_embed.patch_size
+    prefix, grid = model.num_prefix_tokens, model.patch_embed.grid
     t = model.patch_embed(x)
     if prefix:
         t = torch.cat([model.cls_token.expand(len(x), -1, -1), t], dim=1)
@@ -50,20 +50,21 @@ def hand_computed(model: VisionTransformer, x: torch.Tensor) -> dict:
     eye = torch.eye(probs[0].shape[-1])
     rollout = (0.5 * probs[1].mean(1) + 0.5 * eye) @ (0.5 * probs[0].mean(1) + 0.5 * eye)  # rows already sum to 1
     rows = (lambda a: a[..., 0, :]) if prefix else (lambda a: a.mean(-2))  # class token's row, or the mean row
-    dist = patch_distances((grid, grid), model.patch_embed.patch_size, prefix, torch.float32)
-    return {"maps": rows(probs[1])[..., prefix:].reshape(len(x), -1, grid, grid),
-            "rollout": rows(rollout)[..., prefix:].reshape(len(x), grid, grid),
+    dist = patch_distances(grid, model.patch_embed.patch_size, prefix, torch.float32)
+    return {"maps": rows(probs[1])[..., prefix:].reshape(len(x), -1, *grid),
+            "rollout": rows(rollout)[..., prefix:].reshape(len(x), *grid),
             "distance": [(p * dist).sum(-1)[..., prefix:].mean(-1) for p in probs],
             "entropy": [-(p * p.log()).sum(-1).mean(-1) for p in probs],
             "max_logit": [s.amax((-2, -1)) for s in logits]}
 
 
-@pytest.mark.parametrize("global_pool", ["token", "avg"])
-def test_probe_equals_a_hand_computation_on_a_2_layer_model(global_pool):
+@pytest.mark.parametrize("global_pool, img_size", [("token", 16), ("avg", 16), ("token", (12, 20))])
+def test_probe_equals_a_hand_computation_on_a_2_layer_model(global_pool, img_size):
+    """Square and rectangular (3×5 patches) grids; with and without a class token."""
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2,
+    model = VisionTransformer(img_size=img_size, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2,
                               global_pool=global_pool).eval()
-    x = torch.randn(2, 3, 16, 16)
+    x = torch.randn(2, 3, *model.patch_embed.img_hw)
     with torch.no_grad():
         ref, plain = hand_computed(model, x), model(x)
         with AttentionProbe(model, "naive", maps=True, rollout=True) as probe:
@@ -76,6 +77,20 @@ def test_probe_equals_a_hand_computation_on_a_2_layer_model(global_pool):
         assert torch.allclose(probe.entropy[layer], ref["entropy"][layer], atol=1e-5)
         assert torch.allclose(probe.max_logit[layer], ref["max_logit"][layer], atol=1e-5)
     assert all(b.attn.attn_fn is not None and "AttentionProbe" not in repr(b.attn.attn_fn) for b in model.blocks)
+
+
+def test_probe_flash_kernel_equals_naive_on_a_rectangular_grid():
+    """The fused kernel (Triton's interpreter) through the model at 3×5 patches plus a class token."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=(12, 20), patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=2)
+    x = torch.randn(2, 3, 12, 20)
+    got = {}
+    with torch.no_grad():
+        for stats in ("flash", "naive"):
+            with AttentionProbe(model.eval(), stats) as probe:
+                model(x)
+            got[stats] = torch.stack(probe.distance + probe.entropy + probe.max_logit)
+    assert torch.allclose(got["flash"], got["naive"], rtol=1e-5, atol=1e-5)
 
 
 def test_rollout_is_refused_above_1025_tokens():

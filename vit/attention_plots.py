@@ -43,14 +43,14 @@ def plot_per_head(values: np.ndarray, ylabel: str, title: str, path: Path, refer
 
 
 def _overlay(ax, image: np.ndarray, attn: np.ndarray, title: str | None) -> None:
-    """``image`` (S, S, 3) in [0, 1] under ``attn`` (g, g), one block per patch: stretched from its own min to max,
+    """``image`` (h, w, 3) in [0, 1] under ``attn`` (grid_h, grid_w), one block per patch: stretched from its min to max,
     coloured with ``jet`` and opaque in proportion (the least attended patches show the image, the most are red)."""
-    size = image.shape[0]
-    ax.imshow(image, extent=(0, size, size, 0))
+    extent = (0, image.shape[1], image.shape[0], 0)
+    ax.imshow(image, extent=extent)
     norm = (attn - attn.min()) / max(float(attn.max() - attn.min()), 1e-12)
     rgba = matplotlib.colormaps["jet"](norm)
     rgba[..., 3] = 0.1 + 0.7 * norm
-    ax.imshow(rgba, extent=(0, size, size, 0), interpolation="nearest")
+    ax.imshow(rgba, extent=extent, interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     if title:
@@ -62,9 +62,9 @@ def plot_maps(images: torch.Tensor, maps: torch.Tensor, rollout: torch.Tensor | 
     """Grid: per image (row), the image, its attention rollout (when given) and each head's last-layer map.
 
     Args:
-        images: ``(M, 3, S, S)`` float in [0, 1].
-        maps: ``(M, H, g, g)`` attention of the last layer's class token (or mean row) to each patch.
-        rollout: ``(M, g, g)`` or None.
+        images: ``(M, 3, h, w)`` float in [0, 1].
+        maps: ``(M, H, grid_h, grid_w)`` attention of the last layer's class token (or mean row) to each patch.
+        rollout: ``(M, grid_h, grid_w)`` or None.
         labels: one row label per image (e.g. its class).
         map_title: what the per-head columns show, for their titles.
     Writes a PNG to ``path`` and returns it; each map's colours span its own min (clear) to max (red).

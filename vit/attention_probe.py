@@ -71,7 +71,7 @@ def query_attention(q: torch.Tensor, k: torch.Tensor, rows: int, softmax_scale: 
 class AttentionProbe:
     """Context manager; inside it each ``model(x)`` fills :attr:`distance`, :attr:`entropy`, :attr:`max_logit`
     (one ``(B, H)`` float32 tensor per layer, on the model's device) and, when asked, :attr:`maps`
-    (``(B, H, grid, grid)``) and :attr:`rollout` (``(B, grid, grid)``).
+    (``(B, H, grid_h, grid_w)``) and :attr:`rollout` (``(B, grid_h, grid_w)``). One forward per ``with``.
 
     Args:
         model: a :class:`vit.model.VisionTransformer` (not wrapped by DDP/compile: pass the module itself).
@@ -86,9 +86,9 @@ class AttentionProbe:
     def __init__(self, model, stats: str = "auto", maps: bool = False, rollout: bool = False):
         self.model, self.want_maps, self.want_rollout = model, maps, rollout
         embed = model.patch_embed
-        self.grid = embed.img_size // embed.patch_size
+        self.grid = tuple(embed.grid)  # (grid_h, grid_w): a rectangular image has a rectangular grid
         self.patch_size, self.prefix = embed.patch_size, model.num_prefix_tokens
-        n = self.prefix + self.grid ** 2
+        n = self.prefix + self.grid[0] * self.grid[1]
         if rollout and n > MAX_ROLLOUT_TOKENS:
             raise ValueError(f"attention rollout multiplies every layer's N×N attention matrix, and this model has "
                              f"N={n} tokens ({embed.img_size} px at patch {embed.patch_size}), above the "
@@ -121,8 +121,8 @@ class AttentionProbe:
         """The layer's attention on packed ``(B, N, 3, H, d)`` qkv, recording its statistics."""
         q, k, v = split_qkv(qkv)
         scale = q.shape[-1] ** -0.5
-        out, distance, entropy, max_logit, *probs = self.stats_fn(q, k, v, (self.grid, self.grid), self.patch_size,
-                                                                   self.prefix, softmax_scale=scale)
+        out, distance, entropy, max_logit, *probs = self.stats_fn(q, k, v, self.grid, self.patch_size, self.prefix,
+                                                                   softmax_scale=scale)
         self.distance.append(distance[:, :, self.prefix:].float().mean(-1))
         self.entropy.append(entropy.float().mean(-1))
         self.max_logit.append(max_logit.float().amax(-1))
@@ -133,8 +133,8 @@ class AttentionProbe:
         return out
 
     def _patch_map(self, rows: torch.Tensor) -> torch.Tensor:
-        """``(B, H, N)`` attention over all keys -> ``(B, H, grid, grid)`` over the patches: the class token's
+        """``(B, H, N)`` attention over all keys -> ``(B, H, grid_h, grid_w)`` over the patches: the class token's
         row when there is one (row 0), else the mean over rows (already averaged by the caller for maps)."""
         if rows.dim() == 4:  # (B, 1, N, N) rollout
             rows = rows[:, :, 0] if self.prefix else rows.mean(2)
-        return rows[..., self.prefix:].reshape(*rows.shape[:2], self.grid, self.grid)
+        return rows[..., self.prefix:].reshape(*rows.shape[:2], *self.grid)

@@ -330,3 +330,21 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0, num_replicas: i
                         num_workers=resolve_num_workers(cfg.num_workers), pin_memory=torch.device(device).type == "cuda",
                         collate_fn=collate_drop_bad, generator=torch.Generator().manual_seed(seed))
     return loader, val_set.classes
+
+
+def spread_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(images, labels) of ``count`` val images spread evenly over the loader's dataset (image folders are sorted
+    by class), bad files left out; for a loader without a dataset (synthetic data), its first batch's first ones.
+
+    Raises:
+        ValueError: none of the picked files decodes.
+    """
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, Dataset):  # SyntheticLoader's is a range
+        x, y = next(iter(loader))
+        return x[:count], y[:count]
+    picks = np.unique(np.linspace(0, len(dataset) - 1, count).round().astype(int))
+    batch = collate_drop_bad([dataset[int(i)] for i in picks])
+    if batch is None:
+        raise ValueError(f"none of the val images picked ({picks.tolist()}) decodes")
+    return batch[0], batch[1]
