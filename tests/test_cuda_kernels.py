@@ -116,21 +116,38 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
         assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{name}: mma.sync or cp.async left in"
 
 
+def _functions(sass: str) -> dict[str, str]:
+    """cuobjdump's SASS split per kernel: {mangled name: its instructions}."""
+    parts = re.split(r"\n\s+Function : ", sass)[1:]
+    return {part.split("\n", 1)[0].strip(): part for part in parts}
+
+
 def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     """The Hopper backward per 64-query step: Sᵀ and dPᵀ (2·D/16 HGMMA m64n64, K-major), dV and dK
-    (2·4 with A from registers, B transposed), dQ (4 with both operands transposed), TMA, REDG.F32x2."""
+    (2·4 with A from registers, B transposed), dQ (4 with both operands transposed), TMA, REDG.F32x2.
+    At head_dim 128 also the column-split dQ kernel (DQ_COLS): dQ as 8 m64n64 HGMMA over all 128 keys
+    and half the default kernel's float2 atomics."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
-        sass = _sass(cubins[("sm_90a", name)][0])
+        d = int(d)
+        kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
+        assert len(kernels) == (2 if d == 128 else 1), (name, list(kernels))
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
-        assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * int(d) // 16, name
-        assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, name
-        assert len(re.findall(mma.format(d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB", sass)) == 4, name
-        assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, name
-        assert "REDG.E.ADD.F32x2" in sass, f"{name}: dQ is not accumulated with float2 atomics"
-        assert "HMMA.16816" not in sass, f"{name}: mma.sync in the Hopper backward"
+        atomics = {}
+        for kernel, sass in kernels.items():
+            cols = "Lb1E" in kernel
+            assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * d // 16, kernel
+            assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, kernel
+            dq = mma.format(64 if cols else d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB"
+            assert len(re.findall(dq, sass)) == (8 if cols else 4), kernel
+            assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, kernel
+            assert "HMMA.16816" not in sass, f"{kernel}: mma.sync in the Hopper backward"
+            atomics[cols] = len(re.findall(r"REDG\.E\.ADD\.F32x2", sass))
+        assert atomics[False] == d // 4, f"{name}: dQ is not D/4 float2 atomics per thread and step: {atomics}"
+        if d == 128:
+            assert atomics[True] == atomics[False] // 2, f"{name}: the column split does not halve dQ's atomics"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -265,47 +282,73 @@ class _Ext:
         self.has_sm90 = has_sm90
 
 
-def _path(monkeypatch, setting, capability, head_dim=64, has_sm90=True):
-    """fwd_path and bwd_path under one setting (they must agree)."""
+def _paths(monkeypatch, setting, capability, head_dim=64, seq_len=4096, has_sm90=True):
+    """(fwd_path, bwd_path) with both variables set to ``setting``."""
     monkeypatch.setattr(ops, "FWD_PATH", setting)
     monkeypatch.setattr(ops, "BWD_PATH", setting)
     monkeypatch.setattr(ops, "_capability", lambda device: capability)
     monkeypatch.setattr(ops, "extension", lambda: _Ext(has_sm90))
-    q = torch.empty(1, 1, 1, head_dim, device="meta")
-    fwd = ops.fwd_path(q)
-    assert ops.bwd_path(q) == fwd
-    return fwd
+    q = torch.empty(1, 1, seq_len, head_dim, device="meta")
+    return ops.fwd_path(q), ops.bwd_path(q)
 
 
-@pytest.mark.parametrize("capability, head_dim, expected", [
-    ((9, 0), 64, "sm90"), ((9, 0), 128, "sm90"), ((9, 0), 32, "sm80"),
-    ((8, 0), 64, "sm80"), ((8, 9), 128, "sm80"), ((10, 0), 64, "sm80")])
-def test_auto_picks_the_hopper_forward_on_sm90_only(monkeypatch, capability, head_dim, expected):
-    assert _path(monkeypatch, "auto", capability, head_dim) == expected
-    assert _path(monkeypatch, "sm80", capability, head_dim) == "sm80"
+@pytest.mark.parametrize("capability, head_dim, seq_len, expected", [
+    # Hopper: forward sm90 from N = 1024 at d 64/128, backward sm90 there only at d = 128
+    ((9, 0), 64, 4096, ("sm90", "sm80")), ((9, 0), 128, 4096, ("sm90", "sm90")),
+    ((9, 0), 64, 1024, ("sm90", "sm80")), ((9, 0), 128, 1024, ("sm90", "sm90")),
+    ((9, 0), 64, 577, ("sm80", "sm80")), ((9, 0), 128, 1023, ("sm80", "sm80")),
+    ((9, 0), 64, 197, ("sm80", "sm80")), ((9, 0), 32, 4096, ("sm80", "sm80")),
+    ((8, 0), 64, 4096, ("sm80", "sm80")), ((8, 9), 128, 4096, ("sm80", "sm80")),
+    ((10, 0), 64, 4096, ("sm80", "sm80"))])
+def test_auto_picks_each_kernel_where_it_measured_faster(monkeypatch, capability, head_dim, seq_len, expected):
+    assert _paths(monkeypatch, "auto", capability, head_dim, seq_len) == expected
+    assert _paths(monkeypatch, "sm80", capability, head_dim, seq_len) == ("sm80", "sm80")
+
+
+@pytest.mark.parametrize("seq_len", [1, 197, 4096])
+def test_forced_sm90_runs_at_any_seq_len(monkeypatch, seq_len):
+    assert _paths(monkeypatch, "sm90", (9, 0), 64, seq_len) == ("sm90", "sm90")
 
 
 def test_forced_sm90_where_it_cannot_run_says_why(monkeypatch):
     with pytest.raises(RuntimeError, match="compute capability 9.0 GPU.*8.9"):
-        _path(monkeypatch, "sm90", (8, 9))
+        _paths(monkeypatch, "sm90", (8, 9))
     with pytest.raises(ValueError, match="head_dim"):
-        _path(monkeypatch, "sm90", (9, 0), head_dim=32)
+        _paths(monkeypatch, "sm90", (9, 0), head_dim=32)
     with pytest.raises(ValueError, match="VIT_CUDA_FWD must be one of"):
-        _path(monkeypatch, "hopper", (9, 0))
+        _paths(monkeypatch, "hopper", (9, 0))
     monkeypatch.setattr(ops, "BWD_PATH", "hopper")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD must be one of"):
         ops.bwd_path(torch.empty(1, 1, 1, 64, device="meta"))
 
 
-def test_backward_defaults_to_mma_sync():
-    """Until the Hopper backward has passed the GPU tests it runs only when asked for."""
-    assert ops.BWD_PATH == "sm80" or "VIT_CUDA_BWD" in os.environ
+def test_both_paths_default_to_auto():
+    assert ops.FWD_PATH == "auto" or "VIT_CUDA_FWD" in os.environ
+    assert ops.BWD_PATH == "auto" or "VIT_CUDA_BWD" in os.environ
 
 
 def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkeypatch):
     for setting in ("auto", "sm90"):
         with pytest.raises(RuntimeError, match="without sm_90a"):
-            _path(monkeypatch, setting, (9, 0), has_sm90=False)
+            _paths(monkeypatch, setting, (9, 0), head_dim=128, has_sm90=False)
+
+
+class _Sm90Ext:
+    bwd_sm90, bwd_sm90_dqcols = "atomic kernel", "column-split kernel"
+
+
+def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):
+    q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
+    assert ops.BWD_DQ == "atomic" or "VIT_CUDA_BWD_DQ" in os.environ  # opt-in until run on a GPU
+    monkeypatch.setattr(ops, "BWD_DQ", "atomic")
+    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == ops.sm90_bwd_kernel(_Sm90Ext, q64) == "atomic kernel"
+    monkeypatch.setattr(ops, "BWD_DQ", "columns")
+    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == "column-split kernel"
+    with pytest.raises(ValueError, match="head_dim 128.*got 64"):
+        ops.sm90_bwd_kernel(_Sm90Ext, q64)
+    monkeypatch.setattr(ops, "BWD_DQ", "split")
+    with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
+        ops.sm90_bwd_kernel(_Sm90Ext, q128)
 
 
 # --- GPU: accuracy against float64 ---
@@ -350,7 +393,8 @@ _SM90_SMOKE = """
 import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
-for n, d in ((1, 64), (300, 64), (300, 128)):  # one tile; several, wrapping the 2-stage rings
+for n, d, dq in ((1, 64, "atomic"), (300, 64, "atomic"), (300, 128, "atomic"), (300, 128, "columns")):
+    ops.BWD_DQ = dq  # one tile; several, wrapping the 2-stage rings; the column-split dQ's barriers
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v).sum().backward()
 torch.cuda.synchronize()
@@ -393,13 +437,17 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-@pytest.mark.parametrize("bwd", ["sm80", "sm90"])
+@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
-    """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse."""
+    """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
+    (sm90-dqcols: its column-split dQ, head_dim 128 after padding only)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    if bwd == "sm90-dqcols" and head_dim == 64:
+        pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
-    monkeypatch.setattr(ops, "BWD_PATH", bwd)
+    monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
+    monkeypatch.setattr(ops, "BWD_DQ", "columns" if bwd == "sm90-dqcols" else "atomic")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -435,24 +483,28 @@ def test_sm90_each_stage_against_float64(head_dim):
     refs = {"lse": ref_lse, "out": ref_out.detach(), "dq": rq.grad, "dk": rk.grad, "dv": rv.grad}
     q, k, v = q.detach(), k.detach(), v.detach()
     errs = {}
-    for path in ("sm80", "sm90"):
-        ext = build.extension()
-        fwd, bwd = (ext.fwd_sm90, ext.bwd_sm90) if path == "sm90" else (ext.fwd, ext.bwd)
+    ext = build.extension()
+    kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8)), "sm90": (ext.fwd_sm90, ext.bwd_sm90)}
+    if head_dim == 128:
+        kernels["sm90-dqcols"] = (ext.fwd_sm90, ext.bwd_sm90_dqcols)
+    for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
-        grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale) if path == "sm90" else bwd(
-            do.to(q.dtype), q, k, v, out, lse, scale, 8)
+        grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)
         got = {"lse": lse, "out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
         errs[path] = {name: max_err(got[name], ref) for name, ref in refs.items()}
-    bad = [name for name in refs if not errs["sm90"][name] <= 2 * errs["sm80"][name] + 1e-3]
+    bad = [(path, name) for path in kernels if path != "sm80" for name in refs
+           if not errs[path][name] <= 2 * errs["sm80"][name] + 1e-3]
     assert not bad, f"sm90 stages off: {bad}; max errors {errs}"
 
 
 @pytest.mark.gpu
-def test_auto_runs_the_sm90_forward_on_hopper():
+def test_auto_runs_the_sm90_kernels_on_hopper():
     if not _is_hopper():
         pytest.skip("needs a compute capability 9.0 GPU")
-    q = torch.empty(1, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
-    assert ops.FWD_PATH == "auto" and ops.fwd_path(q) == "sm90" and build.extension().has_sm90
+    q = torch.empty(1, 1, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    assert ops.FWD_PATH == ops.BWD_PATH == "auto" and build.extension().has_sm90
+    assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
+    assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm80")
 
 
 @pytest.mark.gpu

@@ -3,13 +3,13 @@
 Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning", Algorithms 1 (forward) and 2 (backward), written with ``mma.sync`` m16n8k16
 tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`` double buffering
-(see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). On compute capability 9.0 (H100, H200) the forward at
-head_dim 64 and 128 runs a Hopper kernel instead (``csrc/fwd_sm90.cuh``, after FlashAttention-3,
-Shah et al., 2024: TMA loads, ``wgmma`` from shared memory, a producer warpgroup feeding two consumer
-warpgroups through mbarriers). A Hopper backward on the same machinery (``csrc/bwd_sm90.cuh``) runs
-only when asked for (``VIT_CUDA_BWD=sm90``) until it has passed the GPU tests. ``VIT_CUDA_FWD`` and
-``VIT_CUDA_BWD`` (auto, sm80, sm90) choose, see :func:`ops.fwd_path`; neither Hopper kernel has been
-run on a GPU yet (benchmarks/results/cuda_h200.md). Contract: see :mod:`kernels`.
+(see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). Compute capability 9.0 (H100, H200) also has Hopper
+kernels after FlashAttention-3 (Shah et al., 2024): a forward (``csrc/fwd_sm90.cuh``: TMA loads,
+``wgmma`` from shared memory, a producer warpgroup feeding two consumer warpgroups through
+mbarriers) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
+an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto`` runs each Hopper
+kernel only where it measured faster (forward at N ≥ 1024, backward at head_dim 128 and N ≥ 1024;
+see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md). Contract: see :mod:`kernels`.
 Limits of this backend:
 
 - dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.

@@ -23,13 +23,26 @@ from .build import extension
 # H200, bf16, fwd+bwd: 8 warps 6.42 ms vs 4 warps 6.93 ms at (8, 12, 4096, 64); 1.37 ms both at
 # (256, 12, 197, 64) (benchmarks/results/cuda_h200.md). Override with VIT_CUDA_BWD_WARPS=4.
 BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "8"))
-# Which kernels: "auto" (the Hopper wgmma/TMA kernels on compute capability 9.0 at head_dim 64 and
-# 128, else mma.sync), "sm80" (mma.sync everywhere) or "sm90" (Hopper's; an error where they cannot
-# run). The backward defaults to sm80 until the Hopper backward has passed the GPU tests.
+# Which kernels: "auto" (the rules below), "sm80" (mma.sync everywhere) or "sm90" (Hopper's
+# wgmma/TMA kernels; an error where they cannot run).
 FWD_PATH = os.environ.get("VIT_CUDA_FWD", "auto")
-BWD_PATH = os.environ.get("VIT_CUDA_BWD", "sm80")
+BWD_PATH = os.environ.get("VIT_CUDA_BWD", "auto")
 PATHS = ("auto", "sm80", "sm90")
 SM90_HEAD_DIMS = (64, 128)
+# auto on compute capability 9.0 (H200, bf16, fwd+bwd ms, benchmarks/results/cuda_h200.md 2026-12-01):
+# - forward sm90 at seq_len >= 1024: N=4096 d=64 5.756 vs mma.sync 6.407, d=128 14.905 vs 17.459,
+#   N=16384 21.770 vs 24.303; below it mma.sync: N=577 1.592 vs 1.484 (forward alone 0.293 vs
+#   0.367), N=197 1.356 vs 1.265. N between 577 and 4096 is unmeasured.
+# - backward sm90 at head_dim 128 (80, 96 padded) and seq_len >= 1024: N=4096 12.724 vs 14.905
+#   (sm90 forward both); at head_dim 64 slower at every N (N=4096 6.218 vs 5.756, N=16384 22.361
+#   vs 21.770, N=197 1.450 vs 1.356); head_dim 128 below N=4096 unmeasured.
+SM90_MIN_SEQ_LEN = 1024
+SM90_BWD_HEAD_DIMS = (128,)
+# dQ in the Hopper backward at head_dim 128: "atomic" (each consumer warpgroup adds dS·K over its own
+# 64 keys: the kernel measured above) or "columns" (each adds 64 of dQ's columns over all 128 keys:
+# half the atomics; compiled and SASS-checked only, so opt-in until it has passed the GPU tests).
+BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "atomic")
+BWD_DQ_MODES = ("atomic", "columns")
 
 
 @functools.cache
@@ -41,15 +54,15 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _choose(setting: str, env: str, q: Tensor) -> str:
+def _choose(setting: str, env: str, q: Tensor, auto_head_dims: tuple[int, ...]) -> str:
     if setting not in PATHS:
         raise ValueError(f"{env} must be one of {PATHS}, got {setting!r}")
     if setting == "sm80":
         return "sm80"
     capability = _capability(q.device)
     hopper = capability == (9, 0)
-    head_dim = q.shape[-1]
-    if setting == "auto" and not (hopper and head_dim in SM90_HEAD_DIMS):
+    head_dim, seq_len = q.shape[-1], q.shape[-2]
+    if setting == "auto" and not (hopper and head_dim in auto_head_dims and seq_len >= SM90_MIN_SEQ_LEN):
         return "sm80"
     if not hopper:
         raise RuntimeError(f"{env}=sm90 needs a compute capability 9.0 GPU (H100, H200), this one is "
@@ -65,24 +78,28 @@ def _choose(setting: str, env: str, q: Tensor) -> str:
 
 
 def fwd_path(q: Tensor) -> str:
-    """Which forward runs for ``q`` (a CUDA tensor, head_dim 32, 64 or 128) under ``FWD_PATH``.
+    """Which forward runs for ``q`` (a CUDA tensor ``(B, H, N, head_dim)``, head_dim 32, 64 or 128
+    after padding) under ``FWD_PATH``.
 
     Returns ``"sm90"`` (csrc/fwd_sm90.cuh) or ``"sm80"`` (csrc/fwd.cuh). ``auto`` takes sm90 on
-    compute capability 9.0 when head_dim is 64 or 128 (head_dim 32 runs mma.sync there).
+    compute capability 9.0 at head_dim 64 or 128 and N ≥ ``SM90_MIN_SEQ_LEN``, where it measured
+    faster (the comment above it), else sm80.
 
     Raises:
         ValueError: FWD_PATH (env ``VIT_CUDA_FWD``) is not one of auto, sm80, sm90, or sm90 was asked
             for at head_dim 32.
-        RuntimeError: sm90 asked for on a GPU that is not compute capability 9.0, or the GPU is 9.0
-            but the extension was built without sm_90a kernels (a TORCH_CUDA_ARCH_LIST without 9.0).
+        RuntimeError: sm90 asked for on a GPU that is not compute capability 9.0, or auto/sm90 would
+            run it on a 9.0 GPU but the extension was built without sm_90a kernels (a
+            TORCH_CUDA_ARCH_LIST without 9.0).
     """
-    return _choose(FWD_PATH, "VIT_CUDA_FWD", q)
+    return _choose(FWD_PATH, "VIT_CUDA_FWD", q, SM90_HEAD_DIMS)
 
 
 def bwd_path(q: Tensor) -> str:
     """Which backward runs (csrc/bwd_sm90.cuh or csrc/bwd.cuh) under ``BWD_PATH`` (env
-    ``VIT_CUDA_BWD``, default sm80): the rules and errors of :func:`fwd_path`."""
-    return _choose(BWD_PATH, "VIT_CUDA_BWD", q)
+    ``VIT_CUDA_BWD``): the errors of :func:`fwd_path`; ``auto`` takes sm90 only at head_dim 128 and
+    N ≥ ``SM90_MIN_SEQ_LEN`` on compute capability 9.0 (at head_dim 64 it measured slower)."""
+    return _choose(BWD_PATH, "VIT_CUDA_BWD", q, SM90_BWD_HEAD_DIMS)
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
@@ -104,10 +121,27 @@ def attn_bwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     ext = extension()
     if bwd_path(q) == "sm90":
-        dq, dk, dv = ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale)
+        dq, dk, dv = sm90_bwd_kernel(ext, q)(dout, q, k, v, out, lse, softmax_scale)
     else:
         dq, dk, dv = ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps)
     return dq, dk, dv
+
+
+def sm90_bwd_kernel(ext, q: Tensor):
+    """The extension's Hopper backward for ``q`` under ``BWD_DQ`` (env ``VIT_CUDA_BWD_DQ``):
+    ``bwd_sm90`` or, for "columns", ``bwd_sm90_dqcols``.
+
+    Raises:
+        ValueError: BWD_DQ is not "atomic" or "columns", or "columns" at a head_dim other than 128.
+    """
+    if BWD_DQ not in BWD_DQ_MODES:
+        raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
+    if BWD_DQ == "atomic":
+        return ext.bwd_sm90
+    if q.shape[-1] != 128:
+        raise ValueError(f"VIT_CUDA_BWD_DQ=columns has a kernel for head_dim 128 (80, 96 padded), got "
+                         f"{q.shape[-1]}; unset it (atomic)")
+    return ext.bwd_sm90_dqcols
 
 
 @attn_bwd.register_fake

@@ -122,9 +122,11 @@ std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   return fwd_impl(q, k, v, softmax_scale, true);
 }
 
-// sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's.
+// sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
+// dq_cols (sm90, head_dim 128) its column split of dQ.
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                 at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90) {
+                                 at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
+                                 bool dq_cols = false) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -137,6 +139,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 backward has kernels for head_dim 64 and 128, got 32");
+    TORCH_CHECK_VALUE(!dq_cols || q.size(3) == 128, "the column split of dQ needs head_dim 128, got ", q.size(3));
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -162,7 +165,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
 #ifdef VITK_SM90A
     if constexpr (D != 32) {
       const char *what = "";
-      const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what);
+      const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what, dq_cols);
       TORCH_CHECK(err == cudaSuccess, "attention backward (sm90): ", what, " failed: ", cudaGetErrorString(err));
     }
 #endif
@@ -179,6 +182,12 @@ std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at
                                  at::Tensor lse, double softmax_scale) {
   check_sm90(q);
   return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true);
+}
+
+std::vector<at::Tensor> bwd_sm90_dqcols(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
+                                        at::Tensor lse, double softmax_scale) {
+  check_sm90(q);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true);
 }
 
 at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
@@ -207,5 +216,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
+  m.def("bwd_sm90_dqcols", &bwd_sm90_dqcols, "bwd_sm90 with dQ split by columns across the consumers "
+        "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

@@ -1,6 +1,6 @@
 // Hopper backward (sm_90a): FlashAttention-2's Algorithm 2 (as bwd.cuh) on the forward's Hopper
-// machinery (fwd_sm90.cuh: TMA, wgmma, a producer warpgroup, mbarriers). Opt-in (VIT_CUDA_BWD=sm90)
-// until it has passed the GPU tests.
+// machinery (fwd_sm90.cuh: TMA, wgmma, a producer warpgroup, mbarriers). Passes the GPU tests on
+// an H200; ops.py's auto runs it at head_dim 128 and N >= 1024, where it measured faster.
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
@@ -13,6 +13,10 @@
 //                                     MN-major, over this warpgroup's 64 keys only
 //   dq_accum += dQ_w with float32 atomics (REDG.F32x2), so both consumers add to the same rows:
 //   twice the atomics of a 128-key split, and dq is not bitwise reproducible (dk, dv are).
+// DQ_COLS (head_dim 128 only, VIT_CUDA_BWD_DQ=columns; opt-in until it has passed the GPU tests):
+// instead, consumer w computes dQ[:, 64w..64w+63] = dS K[:, 64w..] over all 128 keys (both halves of
+// dSᵀ, so the dSᵀ barriers span both consumers) and adds it once: half the atomics per CTA and
+// 32 accumulator registers instead of 64.
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
 #include <cuda.h>
@@ -120,7 +124,14 @@ template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float 
   else wgmma_ss_n128<DTYPE, 1, 1>(acc, a, b, scale_d);
 }
 
-template <int DTYPE, int D>
+// The barrier around dSᵀ in shared memory: this warpgroup's (it reads only its own dSᵀ), or both
+// consumers' (DQ_COLS: each reads all of dSᵀ).
+template <bool DQ_COLS> __device__ __forceinline__ void ds_sync(int w) {
+  if constexpr (DQ_COLS) named_barrier_sync<3, 256>();
+  else warpgroup_sync(w);
+}
+
+template <int DTYPE, int D, bool DQ_COLS>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
@@ -129,6 +140,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
+  static_assert(!DQ_COLS || D == 128, "the column split of dQ needs two 64-column blocks");
+  constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
@@ -147,7 +160,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
-    float s[32] = {}, dp[32] = {}, dqw[NO] = {};
+    float s[32] = {}, dp[32] = {}, dqw[NQ] = {};
     uint32_t pa[4][4], sa[4][4];
     mbar_wait(&bar.qd_full[st], (i / S) & 1);
     fence_operands(s);
@@ -172,7 +185,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
-    warpgroup_sync(w);  // the previous step's dQ wgmma has finished reading dSᵀ
+    ds_sync<DQ_COLS>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
 
@@ -194,13 +207,20 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(sa);
     mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
 
-    warpgroup_sync(w);  // all of dSᵀ is in shared memory
+    ds_sync<DQ_COLS>(w);  // all of dSᵀ is in shared memory
     fence_operands(dqw);
     wgmma_fence();
+    if constexpr (DQ_COLS) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: dSᵀ and K_w rows, 2048 bytes per step
-      wgmma_ss_tt_d<DTYPE, D>(dqw, make_desc_mn(dSw + kk * 16 * 64, 64 * 128),
-                              make_desc_mn(Kw + kk * 16 * 64, BN * 128), kk > 0);
+      for (int kk = 0; kk < 8; ++kk)  // all 128 keys; K's column block w
+        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + kk * 16 * 64, 64 * 128),
+                                  make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: dSᵀ and K_w rows, 2048 bytes per step
+        wgmma_ss_tt_d<DTYPE, D>(dqw, make_desc_mn(dSw + kk * 16 * 64, 64 * 128),
+                                make_desc_mn(Kw + kk * 16 * 64, BN * 128), kk > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(dqw);
@@ -210,8 +230,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       const int m = m0 + warp * 16 + g + 8 * r;
       if (m >= N) continue;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + 8 * j + 2 * t),
+      for (int j = 0; j < NQ / 4; ++j)
+        atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
                   make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
     }
   }
@@ -231,7 +251,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D>
+template <int DTYPE, int D, bool DQ_COLS>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -265,14 +285,15 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks);
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D>(p, Ks, Vs, Qs, dOs, dSs, bar, wg - 1, tid, n0, h, b, m_blocks);
+    bwd_sm90_consume<DTYPE, D, DQ_COLS>(p, Ks, Vs, Qs, dOs, dSs, bar, wg - 1, tid, n0, h, b, m_blocks);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
 #endif
 }
 
-template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what) {
+template <int DTYPE, int D>
+cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols) {
   using Tr = BwdSm90Traits<D>;
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
@@ -292,7 +313,13 @@ template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStr
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
       !encode_tensor_map(&tm_do, p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
     return cudaErrorInvalidValue;
-  auto kernel = bwd_sm90_kernel<DTYPE, D>;
+  if (dq_cols && D != 128) {
+    *what = "the column split of dQ (head_dim 128 only)";
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = bwd_sm90_kernel<DTYPE, D, false>;
+  if constexpr (D == 128)
+    if (dq_cols) kernel = bwd_sm90_kernel<DTYPE, D, true>;
   *what = "setting the sm90 backward's shared memory size";
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -306,4 +333,4 @@ template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStr
 
 #define VITK_INSTANTIATE_BWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_bwd_sm90<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t, \
-                                                          const char **);
+                                                          const char **, bool);

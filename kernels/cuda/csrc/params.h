@@ -40,7 +40,9 @@ template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t
 // Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
 template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what);
-template <int DTYPE, int D> cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what);
+// dq_cols: bwd_sm90.cuh's DQ_COLS kernel (head_dim 128 only, else cudaErrorInvalidValue).
+template <int DTYPE, int D>
+cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols);
 cudaError_t run_vector_add(const float *a, const float *b, float *c, int64_t n, cudaStream_t stream);
 
 }  // namespace vitk
