@@ -177,7 +177,7 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
         module = build.extension()
     finally:
         build.extension.cache_clear()
-    assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "bwd", "vector_add"))
+    assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "bwd", "bwd_sm90", "bwd_sm90_dqcols", "vector_add"))
     assert module.has_sm90
 
 
@@ -390,11 +390,13 @@ def fwd_path(request, monkeypatch):
 
 
 _SM90_SMOKE = """
+import sys
 import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
-for n, d, dq in ((1, 64, "atomic"), (300, 64, "atomic"), (300, 128, "atomic"), (300, 128, "columns")):
-    ops.BWD_DQ = dq  # one tile; several, wrapping the 2-stage rings; the column-split dQ's barriers
+ops.BWD_DQ = sys.argv[1]
+shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ == "atomic" else ((1, 128), (300, 128))
+for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v).sum().backward()
 torch.cuda.synchronize()
@@ -403,18 +405,21 @@ print("finished")
 
 
 @pytest.mark.gpu
-def test_sm90_kernels_finish():
-    """First of the sm90 tests: forward and backward run to the end in a child process, so that a
-    pipeline deadlock (an mbarrier never completing) fails here in 120 s instead of hanging the session."""
+@pytest.mark.parametrize("dq", ["atomic", "dqcols"])
+def test_sm90_kernels_finish(dq):
+    """First of the sm90 tests: forward and backward (dqcols: the column-split dQ) run to the end in a
+    child process, so that a pipeline deadlock (an mbarrier or named barrier never completing) fails
+    here in 60 s instead of hanging the session."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
+    mode = "columns" if dq == "dqcols" else "atomic"
     try:
-        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE], cwd=root, capture_output=True, text=True,
-                              timeout=120, check=False)
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, mode], cwd=root, capture_output=True, text=True,
+                              timeout=60, check=False)
     except subprocess.TimeoutExpired:
-        pytest.fail("the sm90 kernels did not finish within 120 s (deadlock in a TMA/mbarrier pipeline?)")
+        pytest.fail("the sm90 kernels did not finish within 60 s (deadlock in a TMA/mbarrier pipeline?)")
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr[-3000:]
 
 
