@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 import time
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from hydra import compose, initialize_config_dir
@@ -176,3 +179,30 @@ def test_analyze_refuses_rollout_above_1025_tokens_before_any_work(digits_ckpt):
 def test_analyze_config_can_override_every_data_key_evaluation_reads():
     assert (yaml.safe_load((ROOT / "configs" / "analyze.yaml").read_text())["data"]
             == yaml.safe_load((ROOT / "configs" / "eval.yaml").read_text())["data"])
+
+
+def test_readme_analyze_commands_run_as_typed(digits_ckpt, monkeypatch):
+    """Each ``python analyze.py`` line of the README, its placeholders replaced: the digits checkpoint, and a timm
+    ViT-Ti/16 state dict (saved by timm) on a folder of random images."""
+    from safetensors.torch import save_file
+    from test_eval import make_folder
+
+    tmp = digits_ckpt["tmp"]
+    folder = make_folder(tmp / "imgs", "abc", 2, 0)
+    save_file(timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3).state_dict(),
+              str(tmp / "vit_tiny.safetensors"))
+    places = {"outputs/<date>/<time>/checkpoints/step_00001320.pt": digits_ckpt["checkpoint"], "/data/imagenet": folder}
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
+    commands = [line.split("#")[0].strip() for block in blocks for line in block.splitlines()
+                if line.startswith("python analyze.py")]
+    assert len(commands) == 2, commands
+    monkeypatch.chdir(tmp)  # where vit_tiny.safetensors is, as in the README
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for command in commands:
+        overrides = []
+        for token in shlex.split(command)[2:]:
+            key, value = token.split("=", 1)
+            overrides.append(f"{key}={places.get(value, value)}")
+        result = analyze_checkpoint(compose_cfg("analyze", overrides))
+        assert all((Path(result["out_dir"]) / name).is_file() for name in FIGURES), command

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,3 +54,7 @@ def test_monitor_is_off_by_default_and_checks_its_values():
         with pytest.raises(ValueError, match=rf"monitor.{key}={value}"):
             AttentionMonitor.from_config(bad, None, None, torch.device("cpu"), None)
 
+
+def test_readme_monitor_line_names_real_keys():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "monitor.attention_every=" in readme and "attention/max_logit_" in readme

@@ -20,7 +20,7 @@ def plot_per_head(values: np.ndarray, ylabel: str, title: str, path: Path, refer
     Writes a PNG to ``path`` and returns it.
     """
     layers, heads = values.shape
-    fig = Figure(figsize=(max(5.0, 0.45 * layers + 2.5), 4.0), layout="constrained")
+    fig = Figure(figsize=(max(6.0, 0.45 * layers + 3.0), 4.0), layout="constrained")
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["tab10" if heads <= 10 else "tab20"]
     colors = [cmap(h % cmap.N) for h in range(heads)]

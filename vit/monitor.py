@@ -13,7 +13,9 @@ diverge after their attention logits grow and the softmax collapses to one-hot (
 al. 2023, "Scaling Vision Transformers to 22 Billion Parameters", Sec. 3.1.1; Zhai et al. 2023, "Stabilizing
 Transformer Training by Preventing Attention Entropy Collapse". The statistics kernel is the fused flash one
 on CUDA (O(N) memory), the naive one elsewhere. Every rank runs the forward (FSDP's all-gathers need them
-all); rank 0 logs. Its cost is ``monitor_ms`` / (N · ``train/step_time_ms``).
+all); rank 0 logs. Its cost is ``monitor_ms`` / (N · ``train/step_time_ms``): on the digits default (2 CPU
+cores, naive, 16 images at N = 65) 9.0 ms per call beside 76 ms per step (median of one epoch at N = 5), so
+0.12 % of training time at N = 100 and 1.2 % at N = 10. Not yet measured on a GPU.
 """
 from __future__ import annotations
 
