@@ -206,3 +206,24 @@ def test_readme_analyze_commands_run_as_typed(digits_ckpt, monkeypatch):
             overrides.append(f"{key}={places.get(value, value)}")
         result = analyze_checkpoint(compose_cfg("analyze", overrides))
         assert all((Path(result["out_dir"]) / name).is_file() for name in FIGURES), command
+
+
+@pytest.mark.gpu
+def test_analyze_vit_b16_at_1024px_runs_in_bounded_memory(tmp_path, capsys):
+    """ViT-B/16 at 1024 px (N = 4097), 4 images per batch, stats=flash: the peak must stay below half of what one
+    layer's materialised (B, H, N, N) float32 probabilities take (3 GiB), where hooking the softmax would need them."""
+    from test_eval import make_folder
+
+    assert torch.cuda.is_available()
+    folder = make_folder(tmp_path / "imgs", "ab", 2, 0)
+    torch.save(create_model("base", img_size=1024, num_classes=2).state_dict(), tmp_path / "vit_b16_1024.pth")
+    result = analyze_checkpoint(compose_cfg("analyze", [
+        f"checkpoint={tmp_path / 'vit_b16_1024.pth'}", "model=base", "data=imagefolder", f"data.root={folder}",
+        "data.img_size=1024", "data.num_workers=0", "batch_size=4", "maps.rollout=false", "maps.images=2",
+        "stats=flash", "logger=none", f"out_dir={tmp_path / 'out'}"]))
+    with capsys.disabled():
+        print(f"\n[analyze ViT-B/16 1024 px] peak {result['peak_mem_allocated_mb']:.0f} MiB allocated; one layer's "
+              f"probabilities would be {result['naive_probs_mb_per_layer']:.0f} MiB")
+    assert result["seq_len"] == 4097 and result["images"] == 4 and result["stats_kernel"] == "flash"
+    assert 0 < result["peak_mem_allocated_mb"] < result["naive_probs_mb_per_layer"] / 2
+    assert (tmp_path / "out" / "attention_maps.png").is_file()
