@@ -98,7 +98,7 @@ class AttentionProbe:
         self.stats_name, self.stats_fn = stats_kernel(stats, device)
         if rollout:
             from kernels.naive import attention_stats
-            self.stats_fn = functools.partial(attention_stats, return_probs=True)
+            self.stats_name, self.stats_fn = "naive", functools.partial(attention_stats, return_probs=True)
         self.saved: list = []
 
     def __enter__(self):
