@@ -84,11 +84,11 @@ def check_recipe_config(cfg) -> None:
     _require(e.best_from in ("model", "ema"), "ema.best_from", e.best_from, "'model' or 'ema'")
     _require(e.enabled or e.best_from == "model", "ema.best_from", e.best_from,
              "'model' unless the EMA is on (ema=on); there is no EMA to pick best.pt by")
-
     if cfg.optim.get("layer_decay") is not None and not cfg.get("init_from") and not cfg.get("resume"):
         raise ValueError(f"optim.layer_decay={cfg.optim.layer_decay} is for fine-tuning (experiment=finetune_base), "
                          f"but init_from is null: pass init_from=<one of our checkpoints or a timm state dict "
                          f"(.pth, .safetensors)>")
+
 
 def check_mixup_batch(cfg, micro_batch: int) -> None:
     """timm's Mixup needs an even micro-batch (it mixes image i with image B-1-i); checked at start-up.
