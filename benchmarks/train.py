@@ -20,6 +20,7 @@ smoke``) only times are reported: no memory, MFU or comparison with timm.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -129,8 +130,8 @@ def train_step(model, opt, x, y, clip_grad: float | None, device: str) -> torch.
     return loss.detach()
 
 
-def measure(impl, model_name, compiled, args, device, row) -> None:
-    """Fill ``row`` with step ms, images/s and peak GiB for one configuration; exceptions propagate."""
+def prepare(impl, model_name, compiled, args, device, row):
+    """Build one configuration and take its warm-up steps; returns ``step()``, one timed-to-be training step."""
     spec = MODELS[model_name]
     B, S = args.batch_size or spec["batch"], spec["img_size"]
     model = build(impl, spec, device)
@@ -143,29 +144,68 @@ def measure(impl, model_name, compiled, args, device, row) -> None:
     x = torch.randn(B, 3, S, S, device=device)  # (B, 3, S, S) synthetic images
     y = torch.randint(0, 1000, (B,), device=device)  # (B,) labels
     row["batch"] = B
+    losses = row.setdefault("_losses", [])
+
+    def step():
+        losses.append(train_step(step_model, opt, x, y, args.clip_grad, device))
+
     t0 = time.perf_counter()
     for _ in range(args.warmup):  # the first step compiles under torch.compile
-        train_step(step_model, opt, x, y, args.clip_grad, device)
+        step()
     if device == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     row["warmup_s"] = time.perf_counter() - t0
-    losses = []
-    ms = time_ms(lambda i: losses.append(train_step(step_model, opt, x, y, args.clip_grad, device)),
-                 warmup=0, iters=args.steps, device=device)
-    final = torch.stack(losses).float()
+    losses.clear()
+    return step
+
+
+def timed_steps(step, steps: int, device: str) -> tuple[list[float], float]:
+    """(each step's ms, by CUDA events on a GPU; wall-clock ms of all ``steps``, synchronised at both ends)."""
+    if device != "cuda":
+        per_step, t0 = [], time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            step()
+            per_step.append((time.perf_counter() - t) * 1e3)
+        return per_step, (time.perf_counter() - t0) * 1e3
+    starts, ends = ([torch.cuda.Event(enable_timing=True) for _ in range(steps)] for _ in range(2))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for start, end in zip(starts, ends):
+        start.record()
+        step()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in zip(starts, ends)], (time.perf_counter() - t0) * 1e3
+
+
+def finish(row, per_step: list[float], wall_ms: list[float], flops_image: float, device: str) -> None:
+    """Step ms (median of the per-step times), wall-clock images/s (every timed step, pauses included), loss."""
+    final = torch.stack(row.pop("_losses")).float()
     if not torch.isfinite(final).all():
         raise RuntimeError(f"non-finite training loss {final.tolist()}: the backend's gradients are broken")
+    B, steps = row["batch"], len(per_step) // len(wall_ms)
     row["loss"] = final[-1].item()
-    row["step_ms"] = ms
-    row["images_per_s"] = B / (ms * 1e-3)
+    row["step_ms"] = statistics.median(per_step)
+    row["images_per_s"] = B / (row["step_ms"] * 1e-3)
+    row["round_images_per_s"] = [B * steps / (w * 1e-3) for w in wall_ms]
+    row["wall_images_per_s"] = B * len(per_step) / (sum(wall_ms) * 1e-3)
+    row["model_tflops"] = flops_image * row["images_per_s"] / 1e12 if device == "cuda" else None  # a GPU figure
+
+
+def measure(impl, model_name, compiled, args, device, row) -> None:
+    """Fill ``row`` with step ms, images/s and peak GiB for one configuration; exceptions propagate."""
+    step = prepare(impl, model_name, compiled, args, device, row)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    per_step, wall = timed_steps(step, args.steps, device)
     row["peak_gib"] = torch.cuda.max_memory_allocated() / GiB if device == "cuda" else None
-    flops = 3 * flops_per_image(spec["size"], S)
-    row["model_tflops"] = flops * row["images_per_s"] / 1e12 if device == "cuda" else None  # a GPU figure only
+    spec = MODELS[model_name]
+    finish(row, per_step, [wall], 3 * flops_per_image(spec["size"], spec["img_size"]), device)
     if args.memory_peak and device == "cuda":  # one more step, traced: what is alive at its peak
         from benchmarks.memory_peak import peak_sites, record
 
-        row["peak_sites"] = peak_sites(record(lambda: train_step(step_model, opt, x, y, args.clip_grad, device)))
+        row["peak_sites"] = peak_sites(record(step))
 
 
 def run_config(impl, model_name, compiled, args, device) -> dict:
@@ -183,6 +223,50 @@ def run_config(impl, model_name, compiled, args, device) -> dict:
     return row
 
 
+def measure_rounds(impls, model_name, compiled, args, device) -> list[dict]:
+    """One model and compile setting, every implementation in ``impls``: all are built and warmed up,
+    then their timed steps run in ``args.rounds`` interleaved rounds (the order rotating each round),
+    so that drift of the machine over the minutes of a run (CPU clocks, other load) falls on each
+    implementation alike. Peak memory is not measured here: every model is alive at once."""
+    rows, steps = [], {}
+    for impl in impls:
+        row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
+               "compile": compiled, "status": "ok", "peak_gib": None}
+        t0 = time.perf_counter()
+        try:
+            steps[impl] = prepare(impl, model_name, compiled, args, device, row)
+        except Exception as exc:  # noqa: BLE001  its row says why; the others still run
+            row["status"] = error_text(exc)
+        row["wall_s"] = time.perf_counter() - t0
+        rows.append(row)
+    per_step, wall, errors = {i: [] for i in steps}, {i: [] for i in steps}, {}
+    per_round = max(1, args.steps // args.rounds)
+    for r in range(args.rounds):
+        order = list(steps)[r % len(steps):] + list(steps)[:r % len(steps)] if steps else []
+        for impl in (i for i in order if i not in errors):
+            try:
+                times, ms = timed_steps(steps[impl], per_round, device)
+            except Exception as exc:  # noqa: BLE001
+                errors[impl] = error_text(exc)
+                continue
+            per_step[impl] += times
+            wall[impl].append(ms)
+    spec = MODELS[model_name]
+    for impl, row in zip(impls, rows):  # timm's row names its attention, not "timm"
+        if impl in steps:
+            try:
+                if impl in errors:
+                    raise RuntimeError(errors[impl])
+                finish(row, per_step[impl], wall[impl], 3 * flops_per_image(spec["size"], spec["img_size"]), device)
+            except Exception as exc:  # noqa: BLE001
+                row["status"] = errors.get(impl) or error_text(exc)
+    steps.clear()
+    if compiled:
+        torch._dynamo.reset()
+    free_memory()
+    return rows
+
+
 def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
     """MFU, and each of our rows against timm's for the same model and compile setting (GPU runs only:
     on a CPU neither the bf16 ceiling nor the ratio to timm says anything about the kernels)."""
@@ -195,23 +279,33 @@ def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
         ok = ok and r.get("peak_gib") is not None and ref.get("peak_gib") is not None
         r["peak_vs_timm_gib"] = r["peak_gib"] - ref["peak_gib"] if ok else None
         r["speed_vs_timm_pct"] = None if r["speed_vs_timm"] is None else f"{100 * r['speed_vs_timm']:+.1f}%"
+        wall = ok and r.get("wall_images_per_s") and ref.get("wall_images_per_s")
+        r["wall_vs_timm_pct"] = f"{100 * (r['wall_images_per_s'] / ref['wall_images_per_s'] - 1):+.1f}%" if wall \
+            else None
         r["mfu_pct"] = None if r["mfu"] is None else 100 * r["mfu"]
 
 
 COLUMNS = [("model", "model", 0), ("impl", "impl", 0), ("attention", "attention", 0), ("compile", "compile", 0),
            ("batch", "batch", 0), ("images/s", "images_per_s", 0), ("vs timm images/s", "speed_vs_timm_pct", 0),
-           ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
+           ("wall images/s", "wall_images_per_s", 0), ("vs timm wall", "wall_vs_timm_pct", 0), ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
            ("model TFLOP/s", "model_tflops", 0), ("MFU %", "mfu_pct", 1), ("warm-up s", "warmup_s", 1),
            ("status", "status", 0)]
 # A CPU run reports times only: no memory statistics, no MFU, no comparison with timm.
-CPU_COLUMNS = [c for c in COLUMNS if c[1] not in ("speed_vs_timm_pct", "peak_gib", "peak_vs_timm_gib",
-                                                 "model_tflops", "mfu_pct")]
+CPU_COLUMNS = [c for c in COLUMNS if c[1] not in ("speed_vs_timm_pct", "wall_vs_timm_pct", "peak_gib",
+                                                 "peak_vs_timm_gib", "model_tflops", "mfu_pct")]
 
 
 def render_markdown(env, config, rows) -> str:
+    rounds = config.get("rounds", 1)
     notes = [(f"Preset `{config['preset']}`; {config['warmup']} warm-up steps (incl. compilation) excluded, median of "
               f"{config['steps']} timed steps; bf16 autocast, AdamW(fused on CUDA), synthetic data on the device, "
               f"clip_grad={config['clip_grad']}, cudnn.benchmark=True."),
+             ("'images/s' = batch / median step (CUDA events); 'wall images/s' = every timed step by the wall "
+              "clock, pauses (Python's garbage collector, allocator) included.")]
+    if rounds > 1:
+        notes.append(f"--rounds {rounds}: the implementations of one model and compile setting were built together and "
+                     f"their timed steps run in {rounds} interleaved rounds, the order rotating; no peak memory.")
+    notes += [
              ("impl timm = `timm.create_model(name, pretrained=False)` with its default fused SDPA; ours = "
               "`vit.model.create_model(size, attention=...)`.")]
     if config["matmul_tflops"] is not None:
@@ -244,10 +338,13 @@ def run_models(args, device, env) -> dict:
     config["matmul_tflops"] = matmul_ceiling_tflops(config["matmul_size"], device) if device == "cuda" else None
     if config["matmul_tflops"] is not None:
         print(f"bf16 {config['matmul_size']}^3 matmul: {config['matmul_tflops']:.1f} TFLOP/s", flush=True)
-    plan = [(m, impl, compiled) for compiled in (False, True) for m in config["models"]
-            for impl in (config["compiled"] if compiled else config["eager"])]
+    config["rounds"] = args.rounds
     name, rows, start = args.name or f"train_{args.preset}", [], time.perf_counter()
     paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
+    if args.rounds > 1:
+        return run_rounds(args, device, env, config, name, rows)
+    plan = [(m, impl, compiled) for compiled in (False, True) for m in config["models"]
+            for impl in (config["compiled"] if compiled else config["eager"])]
     for model_name, impl, compiled in plan:
         elapsed = time.perf_counter() - start
         if elapsed + EXPECTED_S[compiled] > 60 * config["max_minutes"]:
@@ -256,15 +353,42 @@ def run_models(args, device, env) -> dict:
                                                   f"after {elapsed:.0f} s (raise --max-minutes)"}
         else:
             row = run_config(impl, model_name, compiled, args, device)
+        paths = record_rows(args, device, env, config, name, rows, [row])
+    return {"rows": rows, "paths": paths, "config": config}
+
+
+def record_rows(args, device, env, config, name, rows, new_rows) -> dict:
+    """Append ``new_rows``, print them, and rewrite the outputs (so a run cut short keeps what it measured)."""
+    for row in new_rows:
+        row.pop("_losses", None)  # a configuration that failed after its first steps
         rows.append(row)
         peak = f"peak {row.get('peak_gib') or float('nan'):6.2f} GiB  " if device == "cuda" else ""
-        print(f"{model_name:<22} {row['impl']:<5} {impl:<6} compile={compiled!s:<5} "
+        print(f"{row['model']:<22} {row['impl']:<5} {row['attention']:<6} compile={row['compile']!s:<5} "
               f"{row.get('images_per_s') or float('nan'):8.0f} img/s  {row.get('step_ms') or float('nan'):8.1f} ms  "
+              f"wall {row.get('wall_images_per_s') or float('nan'):8.0f} img/s  "
               f"{peak}warm-up {row.get('warmup_s') or 0:5.1f} s  {row['status']}", flush=True)
-        if device == "cuda":
-            add_comparisons(rows, config["matmul_tflops"])
-        paths = write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
-    return {"rows": rows, "paths": paths, "config": config}
+    if device == "cuda":
+        add_comparisons(rows, config["matmul_tflops"])
+    return write_outputs(args.out, name, env, config, rows, render_markdown(env, config, rows))
+
+
+def run_rounds(args, device, env, config, name, rows) -> dict:
+    """``--rounds``: per model and compile setting, :func:`measure_rounds` over every implementation."""
+    paths, start = None, time.perf_counter()
+    for compiled in (False, True):
+        impls = config["compiled"] if compiled else config["eager"]
+        for model_name in config["models"] if impls else []:
+            elapsed = time.perf_counter() - start
+            if elapsed + len(impls) * EXPECTED_S[compiled] > 60 * config["max_minutes"]:
+                new = [{"model": model_name, "impl": "timm" if i == "timm" else "ours", "attention": i,
+                        "compile": compiled, "status": f"not run: time budget of {config['max_minutes']} min "
+                                                       f"reached after {elapsed:.0f} s (raise --max-minutes)"}
+                       for i in impls]
+            else:
+                new = measure_rounds(impls, model_name, compiled, args, device)
+            paths = record_rows(args, device, env, config, name, rows, new)
+    return {"rows": rows, "paths": paths or write_outputs(args.out, name, env, config, rows,
+                                                          render_markdown(env, config, rows)), "config": config}
 
 
 def parse_args(argv=None):
@@ -276,6 +400,10 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, help="override the model's batch size")
     p.add_argument("--warmup", type=int, help="untimed steps per configuration (include compilation)")
     p.add_argument("--steps", type=int, help="timed steps per configuration; the median is reported")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="split the timed steps into this many rounds interleaved across the implementations of one "
+                        "model (builds them all at once; no peak memory): for CPU-bound small batches, whose "
+                        "images/s drift with the machine")
     p.add_argument("--clip-grad", type=float, default=None,
                    help="clip the gradient norm to this value (the framework's default is 1.0; off here, as in "
                         "shared/perf/h200_baseline.md's timm runs)")
@@ -303,6 +431,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.rounds > 1 and args.memory_peak:
+        raise ValueError("--memory-peak needs one model alive at a time; leave --rounds at 1 for it")
     if args.memory_peak and args.device != "cuda":
         raise ValueError("--memory-peak traces the CUDA caching allocator and needs --device cuda on a GPU machine")
     if args.device == "cpu" and not args.input_pipeline and args.preset != "smoke" and args.models is None:

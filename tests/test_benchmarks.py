@@ -138,6 +138,33 @@ def test_train_smoke_writes_real_rows(tmp_path):
     assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1
 
 
+def test_train_rounds_interleave_the_implementations(tmp_path, monkeypatch):
+    """--rounds 2: every implementation of the model is built first, then timed in two rounds whose order
+    rotates; each row holds both rounds' wall-clock images/s, and the steps sum to --steps."""
+    calls = []
+    real = train_bench.timed_steps
+    monkeypatch.setattr(train_bench, "timed_steps", lambda step, n, device: calls.append(n) or real(step, n, device))
+    real_prepare = train_bench.prepare
+    order = []
+
+    def prepare(impl, *args):
+        step = real_prepare(impl, *args)
+        return lambda: order.append(impl) or step()
+
+    monkeypatch.setattr(train_bench, "prepare", prepare)
+    result = train_bench.main(["--preset", "smoke", "--steps", "4", "--rounds", "2", "--out", str(tmp_path)])
+    rows = result["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert calls == [2] * 6
+    impls = ["timm", "sdpa", "naive"]
+    assert order[::2] == impls + impls[1:] + impls[:1], order  # two rounds of two timed steps each
+    for r in rows:
+        assert len(r["round_images_per_s"]) == 2 and r["wall_images_per_s"] > 0 and r["peak_gib"] is None
+    assert "interleaved rounds" in Path(result["paths"]["md"]).read_text()
+    with pytest.raises(ValueError, match="--rounds"):
+        train_bench.main(["--preset", "smoke", "--rounds", "0"])
+
+
 def test_train_time_budget_marks_rows_not_run(tmp_path):
     result = train_bench.main(["--preset", "smoke", "--max-minutes", "1e-4", "--out", str(tmp_path)])
     assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
