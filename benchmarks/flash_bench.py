@@ -195,17 +195,23 @@ def _make_tensors(shape, dtype, real):
 
 def _run_one(which, tuner, tensors):
     """A closure that launches one kernel once through ``tuner``."""
-    from kernels.flash import op
+    from kernels.flash import configs, op
+    from kernels.flash.kernels import LOG2E
 
-    q, k, v, do, _out, lse, delta, g1, g2 = tensors
+    q, k, v, do, out, lse, delta, g1, g2 = tensors
     scale = q.shape[-1] ** -0.5
+    if which == "dq_tma":  # takes delta ready-made, where the pointer dQ kernel forms it from out and dO
+        N = q.shape[2]
+        ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), q.shape[1], N, configs.n_bucket(N))
+        return lambda: op._launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, g1, lse, delta), (scale, scale * LOG2E),
+                                  ints, lambda: op._meta(q), True)
     which = which.removesuffix("_tma")  # direct=True: the eager launch path, without Python's launch cost
     if which == "fwd":
         lse2 = torch.empty_like(lse)
         return lambda: op.launch_fwd(tuner, q, k, v, g1, lse2, scale, direct=True)
     if which == "dkdv":
         return lambda: op.launch_dkdv(tuner, q, k, v, do, g1, g2, lse, delta, scale, direct=True)
-    return lambda: op.launch_dq(tuner, q, k, v, do, g1, lse, delta, scale, direct=True)
+    return lambda: op.launch_dq(tuner, q, k, v, do, g1, out, lse, delta, scale, direct=True)
 
 
 def _compile_job(job):

@@ -31,14 +31,19 @@ def ensure_allocator() -> None:
 
 @triton.jit
 def _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, start_n, N, qk_scale, offs_n,
-                  IEEE: tl.constexpr, MASK_N: tl.constexpr):
+                  IEEE: tl.constexpr, MASK_N: tl.constexpr, UNSCALED_MAX: tl.constexpr):
     k = desc_k.load([start_n, 0])  # (BLOCK_N, D), zero past N and HEAD_DIM
     qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), IEEE)  # (BLOCK_M, BLOCK_N)
     if MASK_N:
         qk = tl.where((start_n + offs_n)[None, :] < N, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
+    if UNSCALED_MAX:  # as kernels._fwd_step (why: flash_fwd_kernel's docstring)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2((qk - m_new[:, None]) * qk_scale)
+        alpha = tl.math.exp2((m_i - m_new) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     v = desc_v.load([start_n, 0])  # (BLOCK_N, D)
@@ -79,11 +84,15 @@ def flash_fwd_tma_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
     n_full = (N // BLOCK_N) * BLOCK_N
     for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, start_n, N, qk_scale, offs_n, IEEE, False)
+        acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, start_n, N, qk_scale, offs_n, IEEE, False,
+                                      STORE_RES)
     if n_full < N:
-        acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, n_full, N, qk_scale, offs_n, IEEE, True)
+        acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, n_full, N, qk_scale, offs_n, IEEE, True,
+                                      STORE_RES)
 
     acc = acc / l_i[:, None]
+    if STORE_RES:
+        m_i = m_i * qk_scale
     lse = (m_i + tl.math.log2(l_i)) * _LN2
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
     o = acc.to(Out.dtype.element_ty)

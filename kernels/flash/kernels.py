@@ -8,11 +8,12 @@ BLOCK_N keys. It keeps a running row max ``m`` and row sum ``l`` (online softmax
 ``exp(x·scale) = exp2(x·scale·log2 e)``) and the output accumulator in registers, and writes only
 ``out`` and the natural-log row log-sum-exp ``lse = m + log(l)`` (float32, (B, H, N)).
 
-Backward: ``delta = rowsum(dO ∘ O)`` (preprocess), then two kernels that recompute
-``P = exp(Q Kᵀ·scale − lse)`` tile by tile: one owns a K/V tile and loops over all query tiles
-(dK, dV), the other owns a query tile and loops over all key tiles (dQ). Each output element is
-written by exactly one program, so there are no atomics and results are bitwise deterministic
-for a given block configuration.
+Backward: two kernels that recompute ``P = exp(Q Kᵀ·scale − lse)`` tile by tile. The dQ kernel runs
+first: a program owns a query tile, forms that tile's ``delta = rowsum(dO ∘ O)`` (it holds the tile's
+dO already, so this costs one load of O and saves the separate preprocess kernel, its launch and its
+second read of dO), writes delta, and loops over all key tiles. The dK, dV kernel then owns a K/V
+tile and loops over all query tiles, reading delta. Each output element is written by exactly one
+program, so there are no atomics and results are bitwise deterministic for a given block configuration.
 
 Shapes: every kernel takes (B, H, N, d) tensors through all four strides. ``HEAD_DIM`` is the real
 head dim, ``HEAD_DIM_PADDED`` the next power of two (at least 16) that ``tl.dot`` works on; the
@@ -73,8 +74,9 @@ def _tile_and_head(N, BLOCK: tl.constexpr):
 def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
               stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
               HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
-              MASK_N: tl.constexpr):
-    """One K/V tile of the online softmax (Algorithm 1, lines 8-10)."""
+              MASK_N: tl.constexpr, UNSCALED_MAX: tl.constexpr):
+    """One K/V tile of the online softmax (Algorithm 1, lines 8-10). The running max ``m_i`` is of the
+    scaled base-2 scores, or of the raw q·k where ``UNSCALED_MAX`` (see flash_fwd_kernel)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     cols = start_n + offs_n  # (BLOCK_N,)
     kT_ptrs = K_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (D, BLOCK_N)
@@ -82,9 +84,14 @@ def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
     qk = _dot(q, kT, tl.zeros([q.shape[0], kT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_M, BLOCK_N)
     if MASK_N:
         qk = tl.where(cols[None, :] < N, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base-2 running max
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
+    if UNSCALED_MAX:
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2((qk - m_new[:, None]) * qk_scale)  # exactly 1 at the row max
+        alpha = tl.math.exp2((m_i - m_new) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base-2 running max
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
+        alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, D)
@@ -106,7 +113,10 @@ def flash_fwd_kernel(
 ):
     """Grid (cdiv(N, BLOCK_M)·B·H,). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only.
     ``STORE_RES``: also write ``Res`` (out's strides) = float32 out − out rounded to out's dtype, which
-    the backward adds back when it forms delta (see the module docstring)."""
+    the backward adds back when it forms delta (see the module docstring). It also keeps the running
+    max of the raw scores and scales the difference, ``exp2((qk − m)·scale)``: ``exp2(qk·scale − m)``
+    compiles to one FMA whose unrounded product leaves the row max's p off 1 by up to half an ulp of
+    the scaled logit (0.3 % at logits ~1e5), an error in out that the residual would then preserve."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     start_m, off_bh = _tile_and_head(N, BLOCK_M)
@@ -130,13 +140,15 @@ def flash_fwd_kernel(
     for start_n in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
                                   stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, STORE_RES)
     if n_full < N:
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
                                   stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, STORE_RES)
 
     acc = acc / l_i[:, None]
+    if STORE_RES:
+        m_i = m_i * qk_scale
     lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
     o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
@@ -147,7 +159,8 @@ def flash_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward preprocess: delta = rowsum(dO ∘ O)   (Algorithm 2, line 4)
+# Backward preprocess: delta = rowsum(dO ∘ O)   (Algorithm 2, line 4), alone: for the Hopper (TMA)
+# kernels of kernels/flash/hopper.py, whose dQ kernel does not form delta itself.
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def flash_bwd_preprocess_kernel(
@@ -174,7 +187,7 @@ def flash_bwd_preprocess_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward: dK, dV (one program per K/V tile, looping over query tiles)
+# Backward: dK, dV (one program per K/V tile, looping over query tiles; after the dQ kernel, which writes delta)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
@@ -257,7 +270,7 @@ def flash_bwd_dkdv_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward: dQ (one program per query tile, looping over key tiles)
+# Backward: delta and dQ (one program per query tile, looping over key tiles)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
@@ -283,17 +296,19 @@ def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
 
 @triton.jit
 def flash_bwd_dq_kernel(
-    Q, K, V, DO, DQ, Lse, Delta, softmax_scale, qk_scale,
+    Q, K, V, DO, DQ, Out, Res, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    stride_ob, stride_oh, stride_on, stride_od,
     H, N, N_BUCKET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, ADD_RES: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M2)·B·H,). dQ = scale · Σ dS K."""
+    """Grid (cdiv(N, BLOCK_M2)·B·H,). Writes Delta = rowsum(dO ∘ O) (float32, (B, H, N); O = Out, or
+    Out + Res where ``ADD_RES``, Res laid out as Out) and dQ = scale · Σ dS K."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_m, off_bh = _tile_and_head(N, BLOCK_M2)
@@ -311,8 +326,13 @@ def flash_bwd_dq_kernel(
               row_mask, d_mask, True, PAD_D)  # (BLOCK_M2, D)
     do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
                + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
+    o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o = _load(Out + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)  # (BLOCK_M2, D)
+    if ADD_RES:
+        o += _load(Res + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)
+    delta = tl.sum(o * do.to(tl.float32), 1)  # (BLOCK_M2,) Algorithm 2, line 4; 0 on padded rows
+    tl.store(Delta + off_bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
     lse = tl.load(Lse + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0) * _LOG2E
-    delta = tl.load(Delta + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
     n_full = (N // BLOCK_N2) * BLOCK_N2
     for start_n in range(0, n_full, BLOCK_N2):

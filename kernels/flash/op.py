@@ -99,6 +99,7 @@ def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None):
 
 
 def launch_preprocess(out, do, delta, direct=False, res=None):
+    """delta = rowsum(dO ∘ (out + res)) alone, for the Hopper kernels (the backward's dQ kernel forms it itself)."""
     d = out.shape[-1]
     add_res = res is not None
     _launch(flash_bwd_preprocess_kernel, "BLOCK_M", "bwd preprocess", out,
@@ -115,11 +116,14 @@ def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=Fa
              q.shape[1], N, configs.n_bucket(N)), lambda: _meta(q), direct)
 
 
-def launch_dq(tuner, q, k, v, do, dq, lse, delta, softmax_scale, direct=False):
+def launch_dq(tuner, q, k, v, do, dq, out, lse, delta, softmax_scale, direct=False, res=None):
+    """Run the dQ kernel, which also writes ``delta`` = rowsum(dO ∘ (out + res)) for the dK/dV kernel."""
     N = q.shape[2]
-    _launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, dq, lse, delta), (softmax_scale, softmax_scale * LOG2E),
-            (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), q.shape[1], N, configs.n_bucket(N)),
-            lambda: _meta(q), direct)
+    add_res = res is not None
+    _launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, dq, out, res if add_res else out, lse, delta),
+            (softmax_scale, softmax_scale * LOG2E),
+            (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *out.stride(),
+             q.shape[1], N, configs.n_bucket(N)), lambda: {**_meta(q), "ADD_RES": add_res}, direct, (add_res,))
 
 
 def _empty_out(q: torch.Tensor) -> torch.Tensor:
@@ -141,13 +145,13 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
 
 
 def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct: bool = False, res=None) -> None:
-    """Write dq, dk, dv (preallocated, any strides) for one backward pass."""
+    """Write dq, dk, dv (preallocated, any strides) for one backward pass: the dQ kernel first, which
+    also writes delta, then the dK/dV kernel."""
     B, H, N, d = q.shape
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
-    launch_preprocess(out, do, delta, direct, res)
     cls = configs.head_dim_class(d)
+    launch_dq(configs.DQ[cls], q, k, v, do, dq, out, lse, delta, softmax_scale, direct, res)
     launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale, direct)
-    launch_dq(configs.DQ[cls], q, k, v, do, dq, lse, delta, softmax_scale, direct)
 
 
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
