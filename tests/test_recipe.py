@@ -230,10 +230,12 @@ def test_repeated_aug_sampler_is_deits_index_for_index_and_resumes(n, replicas, 
                                             selected_round=selected_round)
             ours.set_epoch(epoch)
             timm_sampler.set_epoch(epoch)  # timm seeds with the epoch alone: ours with seed + epoch
-            order = list(ours)
+            pairs = list(ours)
+            order = [i for i, _ in pairs]
             assert [i % n for i in order] == list(timm_sampler) and len(order) == ours.per_rank()
+            assert len({s for _, s in pairs}) == len(set(order))  # each (virtual) index its own seed
             ours.set_epoch(epoch, position=7)
-            assert list(ours) == order[7:] and len(ours) == len(order) - 7
+            assert list(ours) == pairs[7:] and len(ours) == len(order) - 7
             ranks.append(order)
         everything = [i for order in ranks for i in order]
         assert len(set(everything)) == len(everything) or selected_round == 0  # no copy twice (unless padded)
@@ -244,18 +246,19 @@ def test_repeated_aug_sampler_is_deits_index_for_index_and_resumes(n, replicas, 
 
 
 def test_repeated_copies_get_their_own_augmentation():
-    from vit.data import SeededDataset
+    from vit.data import SeededDataset, sample_seed
 
     class Noisy(torch.utils.data.Dataset):  # a random augmentation of a fixed image
         def __len__(self):
             return 4
 
         def __getitem__(self, i):
-            return torch.full((3,), float(i)) + torch.rand(3)
+            return torch.full((3,), float(i)) + torch.rand(3), i
 
-    data = SeededDataset(Noisy(), seed=0)
-    assert torch.equal(data[1], data[1])  # the same (seed, epoch, index): the same augmentation
-    assert data[1 + 4].floor().tolist() == [1.0] * 3 and not torch.equal(data[1], data[1 + 4])  # copy 1 of image 1
+    data = SeededDataset(Noisy())
+    first, twin = (data[(i, sample_seed(0, 0, i))] for i in (1, 1 + 4))  # image 1 and its copy 1
+    assert torch.equal(first[0], data[(1, sample_seed(0, 0, 1))][0])  # the same seed: the same augmentation
+    assert twin[0].floor().tolist() == [1.0] * 3 and twin[1] == 1 and not torch.equal(first[0], twin[0])
 
 
 def test_summary_csv_has_one_row_per_epoch_and_a_resume_rewrites_the_rest(tmp_path):

@@ -5,18 +5,25 @@ Every real dataset is a folder ``root/train/<class>/*`` and ``root/val/<class>/*
 10 classes; no download), is exported once to that same layout (upscaled to 32×32, fixed stratified
 80/20 split), so the default run exercises the real image-folder path.
 
-Resumable order: :class:`ResumableSampler` gives the same permutation for a given (seed, epoch) and
-can start at any position, and :class:`SeededDataset` draws each sample's augmentation from a seed
-made of (seed, epoch, index), so a run restarted mid-epoch sees exactly the samples and augmentations
-the uninterrupted run would have seen, whatever the number of loader workers. With repeated
+Resumable order: :class:`ResumableSampler` gives the same permutation for a given (seed, epoch), can
+start at any position, and yields each index with its augmentation seed, made of (seed, epoch, index);
+:class:`SeededDataset` augments the sample under that seed. A run restarted mid-epoch therefore sees
+exactly the samples and augmentations the uninterrupted run would have seen, whatever the number of
+loader workers, and the workers can live for the whole run (``persistent_workers``): the epoch reaches
+them through the indices, not through the dataset object they hold a copy of. With repeated
 augmentation (DeiT's RASampler) the sampler yields a virtual index ``i + r·n`` for copy ``r`` of image
-``i``, so each copy gets its own augmentation.
+``i``, so each copy gets its own seed.
+
+Image folders reach the model in two halves (:func:`build_pipeline`): the workers run timm's transform
+up to a uint8 (3, H, W) crop, and the device normalises the batch and erases at random
+(:mod:`vit.prefetch`), one batch ahead of the training step.
 """
 from __future__ import annotations
 
 import os
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,12 +31,13 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, default_collate
 
 from vit.build import resolve_num_workers
 from vit.images import ImageFolderLoader, check_same_classes, collate_drop_bad, open_split
 from vit.logger import info
 from vit.model import img_hw
+from vit.prefetch import DeviceLoader, Normalize
 
 DIGITS_SIZE = 32  # 8×8 digits upscaled ×4: with patch_size=4 each patch is one original pixel, N = 65
 
@@ -98,12 +106,17 @@ def build_imagefolder(root: str | os.PathLike, split: str, transform, max_bad_fr
                       substitute_bad=split == "train")
 
 
-def build_transform(cfg, is_training: bool):
+def build_transform(cfg, is_training: bool, uint8: bool = True):
     """timm transform from a ``data`` config: RandomResizedCrop/flip/RandAugment for training,
-    resize + center crop (``crop_pct``) for evaluation; normalised float (3, S, S) output."""
+    resize + center crop (``crop_pct``) for evaluation.
+
+    ``uint8=True`` (the loaders'): timm's ``use_prefetcher`` form, the same transform without ToTensor,
+    Normalize and RandomErasing, giving a uint8 (3, H, W) tensor; :class:`vit.prefetch.Normalize` does the
+    rest on the device. ``uint8=False``: the whole transform, a normalised float32 (3, H, W) tensor.
+    """
     size = cfg.img_size if isinstance(cfg.img_size, int) else img_hw(cfg.img_size)  # an int resizes the short side
     common = {"input_size": size, "interpolation": cfg.interpolation, "mean": tuple(cfg.mean),
-              "std": tuple(cfg.std)}
+              "std": tuple(cfg.std), "use_prefetcher": uint8}
     if not is_training:
         return create_transform(**common, is_training=False, crop_pct=cfg.crop_pct)
     aug = cfg.train_aug
@@ -112,37 +125,69 @@ def build_transform(cfg, is_training: bool):
                             re_prob=aug.re_prob, re_mode=aug.get("re_mode", "const"), re_count=aug.get("re_count", 1))
 
 
+@dataclass
+class Pipeline:
+    """How one split's images reach the model.
+
+    ``transform`` runs in the loader's workers on each RGB PIL image; ``collate`` makes their list a
+    batch (train items are ``(image, class, seed)``, eval items ``(image, class)`` or None for a bad file);
+    ``on_device(batch, device) -> (x float32 (B, 3, H, W), y int64 (B,))`` runs in the main process on
+    :class:`vit.prefetch.DeviceLoader`'s side stream.
+    """
+    transform: Callable
+    collate: Callable
+    on_device: Callable
+
+
+def build_pipeline(cfg, is_training: bool) -> Pipeline:
+    """The split's :class:`Pipeline` for a ``data`` config: the one place where the worker-side transform
+    and the device-side step are chosen. Workers decode (PIL) and run timm's transform to a uint8 crop;
+    the device normalises with ``data.mean``/``data.std`` and, in training, erases at random
+    (``data.train_aug.re_*``)."""
+    aug = cfg.train_aug
+    re = {"re_prob": aug.re_prob, "re_mode": aug.get("re_mode", "const"), "re_count": aug.get("re_count", 1)}
+    on_device = Normalize(tuple(cfg.mean), tuple(cfg.std), **(re if is_training else {}))
+    return Pipeline(build_transform(cfg, is_training), default_collate if is_training else collate_drop_bad,
+                    on_device)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of (virtual) sample ``index`` in ``epoch`` of a run seeded ``seed``."""
+    return hash((seed, epoch, index)) % (2**32)  # ints hash deterministically
+
+
 class SeededDataset(Dataset):
-    """Wraps a dataset so sample ``i`` in epoch ``e`` is augmented with RNGs seeded from (seed, e, i).
-    An index ``i + r·n`` (n = the dataset's length; :class:`ResumableSampler`'s repeated copies) is image
-    ``i`` with its own seed.
+    """Wraps a dataset so item ``(i, seed)`` (what :class:`ResumableSampler` yields) is sample ``i`` augmented
+    with RNGs seeded from ``seed``, returned as ``(*sample, seed)``. An index ``i + r·n`` (n = the dataset's
+    length; the sampler's repeated copies) is image ``i``.
 
     The torch, numpy and python RNGs are seeded for the call and restored afterwards, so the
     caller's random streams (dropout, drop-path) are untouched when loading in the main process.
     """
 
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed, self.epoch = dataset, seed, 0
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int):
-        sample_seed = hash((self.seed, self.epoch, index)) % (2**32)  # ints hash deterministically
+    def __getitem__(self, item: tuple[int, int]):
+        index, seed = item
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed)
-            random.seed(sample_seed)
-            np.random.seed(sample_seed)
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed)
             try:
-                return self.dataset[index % len(self.dataset)]
+                return (*self.dataset[index % len(self.dataset)], seed)
             finally:
                 random.setstate(py_state)
                 np.random.set_state(np_state)
 
 
-class ResumableSampler(Sampler[int]):
-    """Indices of one epoch, reproducible from (seed, epoch), startable at any position.
+class ResumableSampler(Sampler[tuple[int, int]]):
+    """``(index, augmentation seed)`` pairs of one epoch, reproducible from (seed, epoch), startable at any
+    position; the seed is :func:`sample_seed` of (seed, epoch, index).
 
     With ``num_replicas > 1`` the permutation is padded to a multiple of ``num_replicas`` and rank
     ``r`` takes every ``num_replicas``-th index from ``r`` (as ``DistributedSampler``).
@@ -154,7 +199,7 @@ class ResumableSampler(Sampler[int]):
     (so the copies land on different ranks, or in one batch on one process), and an epoch stops after
     ``n // selected_round * selected_round / num_replicas`` samples per rank (``selected_round=0``, or
     n < selected_round: ``ceil(n / num_replicas)``), one dataset's worth. Copy ``c`` of image ``i`` is
-    yielded as ``i + c·n``, which :class:`SeededDataset` maps back to ``i`` with its own augmentation.
+    yielded as ``i + c·n`` (with that index's seed), which :class:`SeededDataset` maps back to ``i``.
     """
 
     def __init__(self, num_samples: int, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0,
@@ -189,7 +234,8 @@ class ResumableSampler(Sampler[int]):
             order = order.repeat_interleave(k) + self.num_samples * torch.arange(k).repeat(self.num_samples)
         total = -(-len(order) // self.num_replicas) * self.num_replicas
         mine = torch.arange(self.rank, total, self.num_replicas)[:self.per_rank()] % len(order)  # pad by wrapping
-        yield from order[mine][self.position:].tolist()
+        for index in order[mine][self.position:].tolist():
+            yield index, sample_seed(self.seed, self.epoch, index)
 
     def __len__(self) -> int:
         return self.per_rank() - self.position
@@ -238,7 +284,6 @@ class Data:
         """Select epoch ``epoch``'s order and augmentation, starting after ``position`` samples."""
         if self.sampler is not None:
             self.sampler.set_epoch(epoch, position)
-            self.train_set.epoch = epoch
 
     def num_bad(self) -> int:
         """Undecodable image files met so far in train and val (0 for synthetic data)."""
@@ -293,22 +338,35 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
         return Data(train, val, [str(i) for i in range(cfg.num_classes)], None, None)
     root = data_root(cfg)
     folder_args = folder_options(cfg)
-    train_set = build_imagefolder(root, "train", build_transform(cfg, is_training=True), **folder_args)
-    val_set = build_imagefolder(root, "val", build_transform(cfg, is_training=False), **folder_args)
+    train_pipe, val_pipe = build_pipeline(cfg, is_training=True), build_pipeline(cfg, is_training=False)
+    train_set = build_imagefolder(root, "train", train_pipe.transform, **folder_args)
+    val_set = build_imagefolder(root, "val", val_pipe.transform, **folder_args)
     check_same_classes(train_set, val_set)
-    seeded = SeededDataset(train_set, seed)
+    seeded = SeededDataset(train_set)
     sampler = ResumableSampler(len(seeded), shuffle=True, seed=seed, num_replicas=num_replicas, rank=rank,
                                num_repeats=num_repeats, selected_round=selected_round)
-    pin = torch.device(device).type == "cuda"
     workers = resolve_num_workers(cfg.num_workers)
-    # Own generators: creating an iterator then draws worker seeds without touching the global RNG,
-    # so a resumed run's dropout/drop-path stream matches the uninterrupted run's.
-    train = ImageFolderLoader(seeded, batch_size=micro_batch, sampler=sampler, num_workers=workers, pin_memory=pin,
-                       drop_last=True, persistent_workers=False, generator=torch.Generator().manual_seed(seed))
-    val = ImageFolderLoader(val_set, batch_size=eval_batch, sampler=range(rank, len(val_set), num_replicas),
-                     num_workers=workers, pin_memory=pin, collate_fn=collate_drop_bad,
-                     generator=torch.Generator().manual_seed(seed + 1))
+    # Workers live for the whole run: the epoch reaches them through the sampler's seeds.
+    train = image_loader(seeded, train_pipe, device, micro_batch, sampler, workers, seed, drop_last=True,
+                         persistent=True)
+    val = image_loader(val_set, val_pipe, device, eval_batch, range(rank, len(val_set), num_replicas), workers,
+                       seed + 1, persistent=True)
     return Data(train, val, train_set.classes, sampler, seeded)
+
+
+def image_loader(dataset: Dataset, pipeline: Pipeline, device, batch_size: int, sampler, workers: int, seed: int,
+                 drop_last: bool = False, persistent: bool = False) -> DeviceLoader:
+    """A :class:`vit.prefetch.DeviceLoader` over an :class:`vit.images.ImageFolderLoader` of ``dataset``:
+    batches of ``pipeline.collate`` in pinned memory (CUDA), made on the device by ``pipeline.on_device``.
+    ``persistent``: the ``workers`` processes (if any) live as long as the loader."""
+    cuda = torch.device(device).type == "cuda"
+    # An own generator: creating an iterator then draws worker seeds without touching the global RNG,
+    # so a resumed run's dropout/drop-path stream matches the uninterrupted run's.
+    loader = ImageFolderLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=cuda,
+                               collate_fn=pipeline.collate, drop_last=drop_last,
+                               persistent_workers=persistent and workers > 0,
+                               generator=torch.Generator().manual_seed(seed))
+    return DeviceLoader(loader, device, pipeline.on_device)
 
 
 def build_eval_data(cfg, batch_size: int, device, seed: int = 0, num_replicas: int = 1,
@@ -324,17 +382,17 @@ def build_eval_data(cfg, batch_size: int, device, seed: int = 0, num_replicas: i
         loader = SyntheticLoader(share, batch_size, cfg.img_size, cfg.num_classes, device, seed + 2 * rank + 1,
                                  drop_last=False)
         return loader, [str(i) for i in range(cfg.num_classes)]
-    val_set = build_imagefolder(data_root(cfg), "val", build_transform(cfg, is_training=False),
-                                **folder_options(cfg))
-    loader = ImageFolderLoader(val_set, batch_size=batch_size, sampler=range(rank, len(val_set), num_replicas),
-                        num_workers=resolve_num_workers(cfg.num_workers), pin_memory=torch.device(device).type == "cuda",
-                        collate_fn=collate_drop_bad, generator=torch.Generator().manual_seed(seed))
+    pipeline = build_pipeline(cfg, is_training=False)
+    val_set = build_imagefolder(data_root(cfg), "val", pipeline.transform, **folder_options(cfg))
+    loader = image_loader(val_set, pipeline, device, batch_size, range(rank, len(val_set), num_replicas),
+                          resolve_num_workers(cfg.num_workers), seed)
     return loader, val_set.classes
 
 
 def spread_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(images, labels) of ``count`` val images spread evenly over the loader's dataset (image folders are sorted
-    by class), bad files left out; for a loader without a dataset (synthetic data), its first batch's first ones.
+    by class), bad files left out, normalised on the CPU as the loader's device step does; for a loader without
+    a dataset (synthetic data), its first batch's first ones.
 
     Raises:
         ValueError: none of the picked files decodes.
@@ -347,4 +405,4 @@ def spread_images(loader, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     batch = collate_drop_bad([dataset[int(i)] for i in picks])
     if batch is None:
         raise ValueError(f"none of the val images picked ({picks.tolist()}) decodes")
-    return batch[0], batch[1]
+    return loader.prepare(batch, "cpu") if isinstance(loader, DeviceLoader) else (batch[0], batch[1])
