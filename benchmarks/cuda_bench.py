@@ -70,7 +70,7 @@ def bench_attention(skip=()):
     if torch.cuda.get_device_capability() == (9, 0):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
-        backends["cuda-auto"] = cuda_with("auto", "auto")
+        backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto")
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")  # last (see SHAPES)
     for B, H, N, d in SHAPES:
         sets = []

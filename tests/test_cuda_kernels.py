@@ -339,7 +339,10 @@ class _Sm90Ext:
 
 def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
-    assert ops.BWD_DQ == "atomic" or "VIT_CUDA_BWD_DQ" in os.environ  # opt-in until run on a GPU
+    assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
+    monkeypatch.setattr(ops, "BWD_DQ", "auto")  # the column split where it measured faster: head_dim 128
+    assert (ops.sm90_bwd_kernel(_Sm90Ext, q128), ops.sm90_bwd_kernel(_Sm90Ext, q64)) == ("column-split kernel",
+                                                                                          "atomic kernel")
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
     assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == ops.sm90_bwd_kernel(_Sm90Ext, q64) == "atomic kernel"
     monkeypatch.setattr(ops, "BWD_DQ", "columns")

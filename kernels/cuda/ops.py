@@ -38,11 +38,13 @@ SM90_HEAD_DIMS = (64, 128)
 #   vs 21.770, N=197 1.450 vs 1.356); head_dim 128 below N=4096 unmeasured.
 SM90_MIN_SEQ_LEN = 1024
 SM90_BWD_HEAD_DIMS = (128,)
-# dQ in the Hopper backward at head_dim 128: "atomic" (each consumer warpgroup adds dS·K over its own
-# 64 keys: the kernel measured above) or "columns" (each adds 64 of dQ's columns over all 128 keys:
-# half the atomics; compiled and SASS-checked only, so opt-in until it has passed the GPU tests).
-BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "atomic")
-BWD_DQ_MODES = ("atomic", "columns")
+# dQ in the Hopper backward: "atomic" (each consumer warpgroup adds dS·K over its own 64 keys) or
+# "columns" (each adds 64 of dQ's columns over all 128 keys: half the atomics; head_dim 128 only).
+# "auto": columns at head_dim 128, atomic at 64. H200, bf16, fwd+bwd at (8, 16, 4096, 128): columns
+# 10.2 ms vs atomic 12.7 ms; both pass the GPU tests (benchmarks/results/cuda_bench_sm90_dqcols_h200.log,
+# cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
+BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
+BWD_DQ_MODES = ("auto", "atomic", "columns")
 
 
 @functools.cache
@@ -129,18 +131,19 @@ def attn_bwd(
 
 def sm90_bwd_kernel(ext, q: Tensor):
     """The extension's Hopper backward for ``q`` under ``BWD_DQ`` (env ``VIT_CUDA_BWD_DQ``):
-    ``bwd_sm90`` or, for "columns", ``bwd_sm90_dqcols``.
+    ``bwd_sm90`` ("atomic", and "auto" at head_dim 64) or ``bwd_sm90_dqcols`` ("columns", and "auto"
+    at head_dim 128).
 
     Raises:
-        ValueError: BWD_DQ is not "atomic" or "columns", or "columns" at a head_dim other than 128.
+        ValueError: BWD_DQ is not "auto", "atomic" or "columns", or "columns" at a head_dim other than 128.
     """
     if BWD_DQ not in BWD_DQ_MODES:
         raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
-    if BWD_DQ == "atomic":
+    if BWD_DQ == "atomic" or (BWD_DQ == "auto" and q.shape[-1] != 128):
         return ext.bwd_sm90
     if q.shape[-1] != 128:
         raise ValueError(f"VIT_CUDA_BWD_DQ=columns has a kernel for head_dim 128 (80, 96 padded), got "
-                         f"{q.shape[-1]}; unset it (atomic)")
+                         f"{q.shape[-1]}; unset it (auto)")
     return ext.bwd_sm90_dqcols
 
 

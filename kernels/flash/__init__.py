@@ -103,7 +103,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
             Without it, dq and dk lose their accuracy when attention logits are huge (|q·k|·scale
             ≳ 10³ in bf16: P is nearly one-hot and dS = P ∘ (dP − delta) is a small difference that
             delta's rounding error swamps); with it they stay within 2× SDPA math's error there
-            (measured to max |logit| ≈ 1e4 on the H200; at 1e5 dq is still off, tests/test_flash_fp32_delta.py).
+            (measured to max |logit| ≈ 1e5 on the H200, tests/test_flash_fp32_delta.py).
 
     Returns:
         ``out``: ``(B, H, N, d)``, q's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable in q, k, v.
