@@ -56,6 +56,7 @@ from vit.checkpoint import (
     timm_pretrained_state_dict,
 )
 from vit.data import build_data
+from vit.data_wait import DataWaitCheck
 from vit.distributed import DistInfo, all_reduce_mean, all_reduce_sum, broadcast_object, init_distributed, teardown
 from vit.engine import TrainState, evaluate, train_epoch
 from vit.logger import RunLogger, append_summary_csv, console_log, environment, info, scrub_secrets, trim_summary_csv
@@ -246,6 +247,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
 
     step_ends: list[list[float]] = []  # per epoch: perf_counter() at its start and at each optimizer step's end
     monitor = AttentionMonitor.from_config(cfg, model, data.val_loader, device, amp_dtype)  # None: off
+    data_wait = DataWaitCheck(cfg.data, device, logger.print)  # says once if the loader bounds the run
 
     def on_step_end(s: TrainState) -> None:
         step_ends[-1].append(time.perf_counter())
@@ -268,7 +270,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
             steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
             nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
             backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
-            reduce=all_reduce_mean)
+            reduce=all_reduce_mean, on_window=data_wait)
         last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
         last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
         state.epoch, state.step_in_epoch = epoch + 1, 0

@@ -123,14 +123,16 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
                 amp_dtype: torch.dtype | None, grad_accum: int, clip_grad: float, recipe,
                 steps_per_epoch: int, world_size: int, log_every: int, nonfinite_policy: str, max_nonfinite_skips: int,
                 logger, backend: str, seq_len: int, on_step_end: Callable[[TrainState], None] | None = None,
-                progress: bool = True, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> float:
+                progress: bool = True, reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                on_window: Callable[[dict, int], None] | None = None) -> float:
     """Run optimizer steps from ``state.step_in_epoch`` to ``steps_per_epoch``; updates ``state``.
 
     Returns the mean training loss over the steps run (averaged over ranks with ``reduce``).
 
     ``loader`` must already be positioned (sampler set to the epoch and the consumed samples).
     ``recipe`` (:class:`vit.recipe.Recipe`) mixes each micro-batch, gives the loss and updates the EMA.
-    ``on_step_end(state)`` runs after every optimizer step (mid-epoch checkpoints hook in here).
+    ``on_step_end(state)`` runs after every optimizer step (mid-epoch checkpoints hook in here);
+    ``on_window(window, epoch)`` after each logged window (:class:`vit.data_wait.DataWaitCheck`).
 
     Raises:
         NonFiniteLossError: a non-finite loss/gradient with ``nonfinite_policy='stop'``, or more
@@ -202,6 +204,8 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
                             "epoch": state.epoch + state.step_in_epoch / steps_per_epoch})
             bar.set_postfix(loss=f"{window['loss']:.4f}", img_s=f"{window['images_per_s']:.0f}")
             logger.log(metrics, step=state.step, prefix=f"[train {backend}] ")
+            if on_window is not None:
+                on_window(window, state.epoch)
         if on_step_end is not None:
             on_step_end(state)
     bar.close()
