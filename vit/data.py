@@ -347,11 +347,30 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
                                num_repeats=num_repeats, selected_round=selected_round)
     workers = resolve_num_workers(cfg.num_workers)
     # Workers live for the whole run: the epoch reaches them through the sampler's seeds.
-    train = image_loader(seeded, train_pipe, device, micro_batch, sampler, workers, seed, drop_last=True,
-                         persistent=True)
+    if check_decode(cfg, device) == "gpu":
+        from vit.gpu_decode import gpu_train_loader
+
+        train, seeded = gpu_train_loader(train_set, train_pipe.transform, train_pipe.on_device, device, micro_batch,
+                                         sampler, workers, seed)
+    else:
+        train = image_loader(seeded, train_pipe, device, micro_batch, sampler, workers, seed, drop_last=True,
+                             persistent=True)
     val = image_loader(val_set, val_pipe, device, eval_batch, range(rank, len(val_set), num_replicas), workers,
                        seed + 1, persistent=True)
     return Data(train, val, train_set.classes, sampler, seeded)
+
+
+def check_decode(cfg, device) -> str:
+    """``data.decode``: ``cpu`` (PIL in the workers, the default) or ``gpu`` (the train split's JPEGs decoded and
+    augmented on the GPU, :mod:`vit.gpu_decode`; validation stays on the CPU). Raises ValueError for another
+    value, or ``gpu`` without a CUDA device."""
+    decode = cfg.get("decode", "cpu")
+    if decode not in ("cpu", "gpu"):
+        raise ValueError(f"data.decode={decode!r} is not one of cpu (PIL in the loader workers), gpu (nvJPEG)")
+    if decode == "gpu" and torch.device(device).type != "cuda":
+        raise ValueError(f"data.decode=gpu decodes JPEGs on a CUDA GPU, but this run's device is {device} "
+                         f"(torch.cuda.is_available()={torch.cuda.is_available()}); use data.decode=cpu")
+    return decode
 
 
 def image_loader(dataset: Dataset, pipeline: Pipeline, device, batch_size: int, sampler, workers: int, seed: int,
