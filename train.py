@@ -227,9 +227,10 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
         weights, ema = model_state_dict(model), recipe.ema_state_dict()
         state.train_seconds = seconds_before + time.perf_counter() - t_start
         optim_state = optimizer_state_dict(model, optimizer) if with_optimizer else None
+        epoch_loss = all_reduce_mean(torch.tensor(state.epoch_loss_sum, dtype=torch.float64, device=device)).item()
         if rank != 0:
             return None
-        out = {"model": weights, **ema, **state.state_dict(),
+        out = {"model": weights, **ema, **state.state_dict(), "epoch_loss_sum": epoch_loss,
                "sampler": {"epoch": state.epoch, "position": state.step_in_epoch * cfg.grad_accum * micro_batch},
                "rng": capture_rng_state(), "config": cfg_dict, "model_args": margs, "classes": list(data.classes),
                "backend": backend, "metrics": last_val, "wandb_id": logger.run_id}
@@ -273,7 +274,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
             reduce=all_reduce_mean, on_window=data_wait)
         last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
         last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
-        state.epoch, state.step_in_epoch = epoch + 1, 0
+        state.epoch, state.step_in_epoch, state.epoch_loss_sum = epoch + 1, 0, 0.0
         logger.log({**prefixed("val/", last_val), **prefixed("val/ema_", last_ema), "epoch": state.epoch,
                     "data/bad_files": data.num_bad()}, step=state.step,
                    prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")

@@ -5,6 +5,7 @@ any training. W&B runs offline into a temporary WANDB_DIR.
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -133,6 +134,10 @@ def test_mid_epoch_resume_reproduces_final_weights(run_a, digits_root, tmp_path)
     resumed = resume_run(tmp_path, digits_root, mid[-1])
     assert resumed["val"]["loss"] == run_a["val"]["loss"]
     assert_same_weights(resumed["checkpoint"], run_a["checkpoint"])
+    # the epoch's mean train loss covers its steps before the resume too, in the history and summary.csv
+    assert resumed["history"][-1]["train_loss"] == run_a["history"][-1]["train_loss"]
+    rows = [list(csv.DictReader((Path(r["out_dir"]) / "summary.csv").open()))[-1] for r in (resumed, run_a)]
+    assert rows[0]["epoch"] == rows[1]["epoch"] == "2" and rows[0]["train_loss"] == rows[1]["train_loss"]
 
 
 def test_resume_with_a_longer_schedule_is_refused_unless_allowed(run_a, digits_root, tmp_path):

@@ -32,6 +32,7 @@ class TrainState:
     step_in_epoch: int = 0  # finished optimizer steps in the current epoch (> 0: mid-epoch)
     best_top1: float = -1.0
     nonfinite_skips: int = 0
+    epoch_loss_sum: float = 0.0  # this epoch's step losses summed, resumed ones too (a checkpoint's: mean over ranks)
     train_seconds: float = 0.0  # training and validation time (s), summed over the run's resumed segments
 
     def state_dict(self) -> dict:
@@ -127,7 +128,8 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
                 on_window: Callable[[dict, int], None] | None = None) -> float:
     """Run optimizer steps from ``state.step_in_epoch`` to ``steps_per_epoch``; updates ``state``.
 
-    Returns the mean training loss over the steps run (averaged over ranks with ``reduce``).
+    Returns the epoch's mean training loss (averaged over ranks with ``reduce``): over all its steps, those
+    before a mid-epoch resume included (``state.epoch_loss_sum`` carries their sum).
 
     ``loader`` must already be positioned (sampler set to the epoch and the consumed samples).
     ``recipe`` (:class:`vit.recipe.Recipe`) mixes each micro-batch, gives the loss and updates the EMA.
@@ -143,7 +145,6 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
     recipe.set_epoch(state.epoch)  # mixup.off_epoch
     meter = WindowMeter(device, seq_len)
     it = iter(loader)
-    epoch_loss, epoch_steps = torch.zeros((), device=device), 0
     bar = tqdm(total=steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}",
                disable=not progress or logger.rank != 0, leave=False, dynamic_ncols=True)
     while state.step_in_epoch < steps_per_epoch:
@@ -174,9 +175,11 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         crash_point("step")  # test hook, a no-op unless VIT_TEST_CRASH_AT=step:<n>
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the ranks' shards
             grad_norm = grad_norm.full_tensor()
-        if not bool(torch.isfinite(loss_sum) & torch.isfinite(grad_norm)):  # one host sync per step
+        loss_value, norm_value = torch.stack([loss_sum, grad_norm.float()]).tolist()  # one host sync per step
+        state.epoch_loss_sum += loss_value
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
             state.nonfinite_skips += 1
-            where = (f"{nonfinite_what(loss_sum.item(), grad_norm.item())} at step {state.step + 1} "
+            where = (f"{nonfinite_what(loss_value, norm_value)} at step {state.step + 1} "
                      f"(epoch {state.epoch + 1}, step {state.step_in_epoch + 1} of the epoch)")
             if nonfinite_policy == "stop" or state.nonfinite_skips > max_nonfinite_skips:
                 raise NonFiniteLossError(f"{where}; stopping (nonfinite.policy={nonfinite_policy}, "
@@ -191,8 +194,6 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         state.step_in_epoch += 1
         scheduler.step_update(state.step)
         meter.loss_sum += loss_sum
-        epoch_loss += loss_sum
-        epoch_steps += 1
         meter.steps += 1
         meter.images += images * world_size
         bar.update(1)
@@ -200,7 +201,7 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
             window = meter.read(reduce)
             metrics = {f"train/{k}": v for k, v in window.items()}
             metrics.update({"train/lr": max(g["lr"] for g in optimizer.param_groups),  # top layer's (layer decay)
-                            "train/grad_norm": grad_norm.item(),
+                            "train/grad_norm": norm_value,
                             "epoch": state.epoch + state.step_in_epoch / steps_per_epoch})
             bar.set_postfix(loss=f"{window['loss']:.4f}", img_s=f"{window['images_per_s']:.0f}")
             logger.log(metrics, step=state.step, prefix=f"[train {backend}] ")
@@ -209,7 +210,8 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
         if on_step_end is not None:
             on_step_end(state)
     bar.close()
-    return reduce(epoch_loss).item() / max(epoch_steps, 1)
+    epoch_loss = torch.tensor(state.epoch_loss_sum, dtype=torch.float64, device=device)
+    return reduce(epoch_loss).item() / max(state.step_in_epoch, 1)
 
 
 @torch.no_grad()
