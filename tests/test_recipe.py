@@ -320,3 +320,26 @@ def test_eval_use_ema_evaluates_the_ema_weights(tmp_path):
         assert ema["loss"] != raw["loss"]
         with pytest.raises(ValueError, match=r"use_ema=true, but .* holds no EMA weights \(its run had ema=none\)"):
             evaluate(plain["checkpoint"], "use_ema=true")
+
+
+def test_summary_csv_header_and_trim_do_not_depend_on_the_timm_version(tmp_path, monkeypatch):
+    """timm 1.0.29's ``update_summary`` writes no header unless asked and it has no ``trim_summary``: the
+    header comes on a new file and a resume trims the rows past its epoch all the same."""
+    import csv
+
+    import timm.utils
+
+    from vit.logger import append_summary_csv, trim_summary_csv
+
+    real = timm.utils.update_summary
+    monkeypatch.setattr(timm.utils, "update_summary",
+                        lambda *args, write_header=False, **kwargs: real(*args, write_header=write_header, **kwargs))
+    path = tmp_path / "summary.csv"
+    for epoch in (1, 2, 3):
+        append_summary_csv(path, {"epoch": epoch, "train_loss": 1 / epoch, "lr": 0.1, "val_ema": None,
+                                  "val": {"loss": 2.0, "top1": 50.0, "top5": 90.0}})
+    assert [r["epoch"] for r in csv.DictReader(path.open())] == ["1", "2", "3"]
+    trim_summary_csv(path, 1)
+    assert [(r["epoch"], r["eval_top1"]) for r in csv.DictReader(path.open())] == [("1", "50.0")]
+    trim_summary_csv(path, 0)
+    assert path.read_text() == ""

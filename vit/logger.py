@@ -21,6 +21,7 @@ the checkpoint's run (``wandb.init(id=..., resume="allow")``); offline, each seg
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib.metadata
 import json
 import logging
@@ -238,12 +239,24 @@ def append_summary_csv(path: str | os.PathLike, row: dict) -> None:
 
     evals = {**{k: row["val"][k] for k in ("loss", "top1", "top5")},
              **{f"ema_{k}": row["val_ema"][k] for k in ("loss", "top1", "top5") if row["val_ema"]}}
-    update_summary(row["epoch"], {"loss": row["train_loss"]}, evals, str(path), lr=row["lr"])
+    new = not os.path.exists(path) or os.path.getsize(path) == 0  # explicit: timm 1.0.29 writes no header by default
+    update_summary(row["epoch"], {"loss": row["train_loss"]}, evals, str(path), lr=row["lr"], write_header=new)
 
 
 def trim_summary_csv(path: str | os.PathLike, finished_epochs: int) -> None:
     """Drop ``summary.csv`` rows past ``finished_epochs`` (a resumed run writes them again; a fresh run,
-    0, starts a new file): timm's ``trim_summary``, whose epochs count from 0 where ours count finished ones."""
-    from timm.utils.summary import trim_summary
-
-    trim_summary(str(path), finished_epochs + 1)
+    0, starts a new file), rewriting it atomically. (timm 1.0.31's ``trim_summary`` does this; 1.0.29 has none.)"""
+    path = Path(path)
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = (rows[0], rows[1:]) if rows else ([], [])
+    keep = [r for r in body if r and int(float(r[0])) <= finished_epochs]
+    if len(keep) == len(body):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        if keep:
+            csv.writer(f).writerows([header, *keep])
+    os.replace(tmp, path)
