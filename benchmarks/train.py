@@ -414,16 +414,21 @@ def parse_args(argv=None):
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
     p.add_argument("--name", help="output file stem (default train_<preset>, or input_pipeline)")
-    pipe = p.add_argument_group("input pipeline (--input-pipeline): the image-folder loader alone")
+    pipe = p.add_argument_group("input pipeline (--input-pipeline): the training loader alone")
     pipe.add_argument("--input-pipeline", action="store_true", help="measure the loader instead of the model")
-    pipe.add_argument("--data-dir", type=Path, help="ImageNet-style folder (<class>/<image>, or its train/); "
+    pipe.add_argument("--data-dir", type=Path, help="ImageNet-style folder with train/<class>/<image>; "
                                                     "default: a generated folder of random JPEGs")
     pipe.add_argument("--workers", type=int, nargs="+", default=[8, 16], help="DataLoader worker counts to try")
-    pipe.add_argument("--transforms", nargs="+", choices=["train", "eval"], default=["train", "eval"])
+    pipe.add_argument("--paths", nargs="+", choices=["cpu", "gpu", "prepared", "prepared-gpu"],
+                      default=["cpu", "gpu", "prepared", "prepared-gpu"],
+                      help="cpu: PIL in the workers; gpu: data.decode=gpu; prepared(-gpu): the same on a vit.prepare copy")
+    pipe.add_argument("--max-side", type=int, default=256, help="vit.prepare max_side of the prepared copy")
     pipe.add_argument("--num-images", type=int, default=3000, help="images in the generated folder")
-    pipe.add_argument("--gen-size", type=int, nargs=2, default=[400, 425], help="generated JPEG height, width")
+    pipe.add_argument("--gen-size", type=int, nargs=2, help="generated JPEGs all of this height, width "
+                                                           "(default: ImageNet-like sizes, mean about 513×408)")
     pipe.add_argument("--img-size", type=int, default=224, help="the transform's output size")
-    pipe.add_argument("--auto-augment", default="rand-m9-mstd0.5-inc1", help="timm auto_augment for train ('' off)")
+    pipe.add_argument("--auto-augment", default="", help="timm auto_augment added to the train transform ('' off, "
+                                                         "as configs/data/imagefolder.yaml)")
     return p.parse_args(argv)
 
 

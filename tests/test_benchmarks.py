@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x` from the repo root
@@ -170,18 +173,36 @@ def test_train_time_budget_marks_rows_not_run(tmp_path):
     assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
 
 
-def test_input_pipeline_smoke(tmp_path):
+def test_input_pipeline_smoke(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the generated folder and its prepared copy
     result = train_bench.main(["--input-pipeline", "--workers", "0", "1", "--num-images", "20", "--batch-size", "4",
-                               "--gen-size", "72", "80", "--img-size", "32", "--out", str(tmp_path)])
-    data, _ = _read(result["paths"])
-    assert len(data["rows"]) == 4  # train and eval transforms × 2 worker counts
+                               "--gen-size", "72", "80", "--img-size", "32", "--max-side", "40",
+                               "--out", str(tmp_path / "out")])
+    data, md = _read(result["paths"])
+    assert [(r["path"], r["workers"]) for r in data["rows"]] == [
+        (p, w) for p in ("cpu", "gpu", "prepared", "prepared-gpu") for w in (0, 1)]
     for r in data["rows"]:
-        assert r["status"] == "ok" and r["images"] == 20 and r["images_per_s"] > 0, r
-    assert "RandAugment" in data["config"]["transform_train"]
+        if r["path"].endswith("gpu") and not ON_GPU:
+            assert r["status"].startswith("skipped: no CUDA GPU"), r
+        else:
+            assert r["status"] == "ok" and r["images"] == 20 and r["images_per_s"] > 0, r
+    assert "ColorJitter" in data["config"]["transform"] and "RandAugment" not in data["config"]["transform"]
+    assert data["config"]["prepare_s"] > 0 and "python -m vit.prepare max_side=40" in md
+    prepared = tmp_path / "vit_bench_jpegs_20_72x80_prepared_40"
+    assert {Image.open(p).size for p in prepared.rglob("*.jpg")} == {(44, 40)}  # 80×72 -> shorter side 40
     with pytest.raises(ValueError, match="not a directory"):
-        from benchmarks.input_pipeline import make_dataset
+        from benchmarks.input_pipeline import train_split
 
-        make_dataset(tmp_path / "missing", "train", 32, "")
+        train_split(tmp_path / "missing")
+
+
+def test_input_pipeline_generates_imagenet_like_sizes():
+    from benchmarks.input_pipeline import image_sizes
+
+    sizes = np.array(image_sizes(3000))  # (height, width)
+    assert 380 < sizes[:, 0].mean() < 430 and 490 < sizes[:, 1].mean() < 530
+    assert (sizes.min(1) > 500).mean() > 0.03  # some larger ones
+    assert image_sizes(3, (72, 80)) == [(72, 80)] * 3
 
 
 @pytest.mark.parametrize("size,img_size", [("debug", 32), ("debug", 64)])

@@ -139,3 +139,17 @@ def test_out_inside_root_and_missing_root(folder):
         run(src, src / "small")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run(src.parent / "missing", src.parent / "out")
+
+
+def test_readme_prepare_and_gpu_decode_lines_compose():
+    """The README's vit.prepare and data.decode=gpu lines name keys that exist (composed, not run)."""
+    import shlex
+
+    lines = [line.split("#")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()
+             if line.startswith(("python -m vit.prepare", "python train.py")) and ("vit.prepare" in line
+                                                                                 or "data.decode" in line)]
+    assert len(lines) == 2
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        prep = compose(config_name="prepare", overrides=shlex.split(lines[0])[3:])
+        run = compose(config_name="train", overrides=shlex.split(lines[1])[2:])
+    assert prep.max_side == 320 and prep.out == "/data/imagenet_320" and run.data.decode == "gpu"
