@@ -109,14 +109,15 @@ def flash_fwd_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     H, N, N_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, STORE_RES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UNSCALED_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_M)·B·H,). ``qk_scale`` = softmax_scale · log2(e). ``N_BUCKET``: autotune key only.
     ``STORE_RES``: also write ``Res`` (out's strides) = float32 out − out rounded to out's dtype, which
-    the backward adds back when it forms delta (see the module docstring). It also keeps the running
-    max of the raw scores and scales the difference, ``exp2((qk − m)·scale)``: ``exp2(qk·scale − m)``
-    compiles to one FMA whose unrounded product leaves the row max's p off 1 by up to half an ulp of
-    the scaled logit (0.3 % at logits ~1e5), an error in out that the residual would then preserve."""
+    the backward adds back when it forms delta (see the module docstring). ``UNSCALED_MAX`` (always
+    with ``STORE_RES``): keep the running max of the raw scores and scale the difference,
+    ``exp2((qk − m)·scale)``; ``exp2(qk·scale − m)`` compiles to one FMA whose unrounded product leaves
+    the row max's p off 1 by up to half an ulp of the scaled logit (0.3 % at logits ~1e5), an error in
+    out that the residual would then preserve."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     start_m, off_bh = _tile_and_head(N, BLOCK_M)
@@ -140,14 +141,14 @@ def flash_fwd_kernel(
     for start_n in range(0, n_full, BLOCK_N):
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
                                   stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, STORE_RES)
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, UNSCALED_MAX)
     if n_full < N:
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
                                   stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, STORE_RES)
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, UNSCALED_MAX)
 
     acc = acc / l_i[:, None]
-    if STORE_RES:
+    if UNSCALED_MAX:
         m_i = m_i * qk_scale
     lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)

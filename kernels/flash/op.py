@@ -93,9 +93,10 @@ def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None):
     (and ``res``, out's rounding residual, when given: laid out as out)."""
     N = q.shape[2]
     store_res = res is not None
+    unscaled = store_res or q.shape[-1] in configs.UNSCALED_MAX_HEAD_DIMS
     _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse, res if store_res else out), (softmax_scale * LOG2E,),
             (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
-            lambda: {**_meta(q), "STORE_RES": store_res}, direct, (store_res,))
+            lambda: {**_meta(q), "STORE_RES": store_res, "UNSCALED_MAX": unscaled}, direct, (store_res, unscaled))
 
 
 def launch_preprocess(out, do, delta, direct=False, res=None):
