@@ -26,9 +26,11 @@ The train split only (validation keeps the workers' PIL path). Three parts:
   files), so a resumed run matches the uninterrupted one.
 - :class:`GpuDecodeLoader` runs the batch step, then the device step (:class:`vit.prefetch.Normalize`:
   normalisation and random erasing) in a **background thread, on its own side CUDA stream**, two batches
-  ahead: the thread hides the decoder's host work (nvJPEG parses and Huffman-decodes on the CPU for small
-  images) and the per-image launches, the stream keeps the GPU work off the training step's stream. The
-  consumer's stream waits on each batch's event when it takes the batch.
+  ahead. The thread because ``decode_jpeg(device='cuda')`` blocks its caller until the batch is decoded
+  (torchvision parses the files on the host and synchronises its own stream before returning), which in the
+  training loop would stall the step for the whole decode; PyTorch releases the GIL inside ``torch.ops`` calls,
+  so the decode runs beside the loop. The stream keeps the crops and jitter off the training step's stream; the
+  consumer's stream waits on each batch's event when it takes the batch. Not yet measured on a GPU.
 """
 from __future__ import annotations
 
@@ -291,7 +293,7 @@ class GpuDecoder:
             except RuntimeError:
                 out = [decode_one(parts[b], device) for b in jpegs]
             for b, img in zip(jpegs, out):
-                images[b] = img
+                images[b] = keep_on_stream(img)
         for b, k in enumerate(kinds):
             if k == PIXELS_KIND:
                 images[b] = upload(parts[b], *meta[b, 1:3].tolist(), device)
@@ -310,9 +312,18 @@ class GpuDecoder:
             parts[b] = payload
             if meta[b, 0] == PIXELS_KIND:
                 return upload(payload, *meta[b, 1:3].tolist(), device)
-            return decode_one(payload, device)
+            return keep_on_stream(decode_one(payload, device))
         self.folder.mark_cpu(index)
         return upload(pixels.flatten(), pixels.shape[0], pixels.shape[1], device)
+
+
+def keep_on_stream(img: torch.Tensor | None) -> torch.Tensor | None:
+    """Mark a decoded image as used on the current CUDA stream: torchvision's decoder allocates its outputs on a
+    stream of its own (and host-synchronises it), so without this the allocator could hand the block to the next
+    batch's decode while this stream's crop still reads it."""
+    if img is not None and img.is_cuda:
+        img.record_stream(torch.cuda.current_stream(img.device))
+    return img
 
 
 def decode_one(data: torch.Tensor, device) -> torch.Tensor | None:
@@ -379,7 +390,7 @@ class GpuDecodeLoader:
     def _produce(self, batches, ready: queue.Queue, stop: threading.Event) -> None:
         try:
             if self.stream is not None:
-                torch.cuda.set_device(self.device)
+                torch.cuda.set_device(self.stream.device)  # the thread's own current device; "cuda" has no index
             for batch in batches:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                     x, y, seeds = self.decoder(batch, self.device)
