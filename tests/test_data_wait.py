@@ -24,6 +24,11 @@ def test_message_names_the_share_and_what_applies(monkeypatch):
     assert data_bound_message(300.0, 600.0, OmegaConf.merge(FOLDER, {"num_workers": 0}))  # 0 workers: 1 suggested
     assert "data.num_workers=1 " in data_bound_message(300.0, 600.0, OmegaConf.merge(FOLDER, {"num_workers": 0}))
     assert data_bound_message(500.0, 600.0, OmegaConf.create({"name": "synthetic", "num_workers": 0})) is None
+    digits = OmegaConf.create({"name": "digits", "root": None, "num_workers": 0, "decode": "cpu"})
+    assert data_bound_message(300.0, 600.0, digits).endswith("Try: more loader processes, data.num_workers=1 "
+                                                              "(now 0, 16 cores for this process)")
+    monkeypatch.setattr(dw, "cores_per_process", lambda: 1)
+    assert data_bound_message(300.0, 600.0, digits).endswith("over the last logging window.")
 
 
 def test_check_says_it_once_and_skips_each_epochs_first_window():

@@ -22,7 +22,8 @@ def data_bound_message(data_wait_ms: float, step_time_ms: float, data_cfg) -> st
     :data:`DATA_BOUND_SHARE` of its step time (``step_time_ms``, per step); None otherwise.
 
     The tips name what applies to ``data_cfg`` (a ``data`` config): more workers while fewer than this
-    process's cores - 1 run, ``data.decode=gpu`` while decoding on the CPU, and the prepared copy.
+    process's cores - 1 run; for image folders ``data.decode=gpu`` while decoding on the CPU, and the prepared
+    copy.
     """
     share = data_wait_ms / step_time_ms if step_time_ms > 0 else 0.0
     if share <= DATA_BOUND_SHARE or data_cfg.name == "synthetic":
@@ -32,12 +33,14 @@ def data_bound_message(data_wait_ms: float, step_time_ms: float, data_cfg) -> st
     if workers < cores - 1:
         tips.append(f"more loader processes, data.num_workers={min(cores - 1, max(2 * workers, 1))} (now {workers}, "
                     f"{cores} cores for this process)")
-    if data_cfg.get("decode", "cpu") == "cpu":
-        tips.append("JPEG decoding on the GPU, data.decode=gpu")
-    tips.append("for images much larger than data.img_size, a copy resized once: python -m vit.prepare "
-                f"data.root={data_cfg.root} out=<new folder> max_side=<px>, then data.root=<new folder>")
+    if data_cfg.name == "imagefolder":  # the digits export is small PNGs: neither of these helps it
+        if data_cfg.get("decode", "cpu") == "cpu":
+            tips.append("JPEG decoding on the GPU, data.decode=gpu")
+        tips.append("for images much larger than data.img_size, a copy resized once: python -m vit.prepare "
+                    f"data.root={data_cfg.root} out=<new folder> max_side=<px>, then data.root=<new folder>")
     return (f"[data] the input pipeline is the bottleneck: each step waited {data_wait_ms:.0f} ms of "
-            f"{step_time_ms:.0f} ms for data ({share:.0%}) over the last logging window. Try: " + "; ".join(tips))
+            f"{step_time_ms:.0f} ms for data ({share:.0%}) over the last logging window."
+            + (" Try: " + "; ".join(tips) if tips else ""))
 
 
 class DataWaitCheck:
