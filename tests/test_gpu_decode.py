@@ -304,7 +304,7 @@ def test_train_with_gpu_decode(folder, tmp_path):
         Image.fromarray(smooth(50, 30, 30)).save(folder / "val" / c / "0.jpg")
     run = train(compose_cfg("train", ["data=imagefolder", f"data.root={folder}", "data.img_size=32",
                                       "data.num_workers=2", "data.max_bad_fraction=0.5", "data.decode=gpu",
-                                      "batch_size=4", "epochs=2", "logger=none", "progress=false",
+                                      "batch_size=4", "epochs=2", "logger=none", "progress=false", "attention=sdpa",
                                       f"out_dir={tmp_path / 'run'}"]))
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["data/bad_files"] for r in records if "data/bad_files" in r] == [2, 2]
