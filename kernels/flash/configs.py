@@ -64,9 +64,6 @@ _DQ = {  # (BLOCK_M2, BLOCK_N2)
     128: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)],
     256: [(64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)],
 }
-# head_dims whose forward keeps the running max of the raw scores (kernels.flash_fwd_kernel's UNSCALED_MAX;
-# fp32_delta always does).
-UNSCALED_MAX_HEAD_DIMS: tuple[int, ...] = ()
 _INTERPRETER = {"fwd": (128, 64, 4, 1), "dkdv": (64, 128, 4, 1), "dq": (128, 64, 4, 1)}
 PREPROCESS_BLOCK_M = 64 if INTERPRETED else 128
 

@@ -93,7 +93,7 @@ def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None):
     (and ``res``, out's rounding residual, when given: laid out as out)."""
     N = q.shape[2]
     store_res = res is not None
-    unscaled = store_res or q.shape[-1] in configs.UNSCALED_MAX_HEAD_DIMS
+    unscaled = store_res  # the FMA form elsewhere: kernels.flash_fwd_kernel's docstring says why
     _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse, res if store_res else out), (softmax_scale * LOG2E,),
             (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
             lambda: {**_meta(q), "STORE_RES": store_res, "UNSCALED_MAX": unscaled}, direct, (store_res, unscaled))
