@@ -276,12 +276,12 @@ def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
         ref = timm_rows.get((r["model"], r["compile"]))
         ok = r["impl"] == "ours" and ref is not None and r.get("images_per_s")
         r["speed_vs_timm"] = r["images_per_s"] / ref["images_per_s"] - 1 if ok else None
-        ok = ok and r.get("peak_gib") is not None and ref.get("peak_gib") is not None
-        r["peak_vs_timm_gib"] = r["peak_gib"] - ref["peak_gib"] if ok else None
-        r["speed_vs_timm_pct"] = None if r["speed_vs_timm"] is None else f"{100 * r['speed_vs_timm']:+.1f}%"
         wall = ok and r.get("wall_images_per_s") and ref.get("wall_images_per_s")
         r["wall_vs_timm_pct"] = f"{100 * (r['wall_images_per_s'] / ref['wall_images_per_s'] - 1):+.1f}%" if wall \
             else None
+        ok = ok and r.get("peak_gib") is not None and ref.get("peak_gib") is not None
+        r["peak_vs_timm_gib"] = r["peak_gib"] - ref["peak_gib"] if ok else None
+        r["speed_vs_timm_pct"] = None if r["speed_vs_timm"] is None else f"{100 * r['speed_vs_timm']:+.1f}%"
         r["mfu_pct"] = None if r["mfu"] is None else 100 * r["mfu"]
 
 

@@ -168,6 +168,15 @@ def test_train_rounds_interleave_the_implementations(tmp_path, monkeypatch):
         train_bench.main(["--preset", "smoke", "--rounds", "0"])
 
 
+def test_train_comparisons_without_peak_memory():
+    """--rounds rows have no peak memory; their images/s and wall-clock ratios to timm are still given."""
+    rows = [{"model": "m", "compile": False, "impl": impl, "images_per_s": ips, "wall_images_per_s": wall,
+             "peak_gib": None, "model_tflops": 1.0} for impl, ips, wall in (("timm", 100.0, 90.0), ("ours", 110.0, 99.0))]
+    train_bench.add_comparisons(rows, ceiling_tflops=10.0)
+    assert rows[1]["speed_vs_timm_pct"] == "+10.0%" and rows[1]["wall_vs_timm_pct"] == "+10.0%"
+    assert rows[1]["peak_vs_timm_gib"] is None and rows[0]["wall_vs_timm_pct"] is None
+
+
 def test_train_time_budget_marks_rows_not_run(tmp_path):
     result = train_bench.main(["--preset", "smoke", "--max-minutes", "1e-4", "--out", str(tmp_path)])
     assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
