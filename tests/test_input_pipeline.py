@@ -156,7 +156,8 @@ def test_persistent_workers_and_resume_reproduce_the_uninterrupted_run(folder, t
 @pytest.mark.gpu
 def test_cuda_batches_made_on_the_side_stream_equal_the_cpu_ones(folder):
     """On CUDA the loader pins memory and prepares each batch on its side stream; normalised and erased ('const'
-    boxes from python's RNG) there, the batches equal the CPU path's bit for bit."""
+    boxes from python's RNG) there, the batches equal the CPU path's within float rounding (CUDA divides by a
+    scalar as a multiply by its reciprocal: H200, 2026-12-01, not bit for bit) and the erased boxes are the same."""
     cfg = data_cfg(folder, "data.train_aug.re_prob=0.5")
     cpu, cuda = build_data(cfg, 8, 8, "cpu", seed=0), build_data(cfg, 8, 8, "cuda", seed=0)
     cpu.set_epoch(1)
@@ -164,4 +165,5 @@ def test_cuda_batches_made_on_the_side_stream_equal_the_cpu_ones(folder):
     pairs = list(zip(all_batches(cpu.train_loader), all_batches(cuda.train_loader), strict=True))
     assert cuda.train_loader.stream is not None and cuda.train_loader.loader.pin_memory
     for (x, y), (xc, yc) in pairs:
-        assert xc.is_cuda and torch.equal(x, xc.cpu()) and torch.equal(y, yc.cpu())
+        assert xc.is_cuda and torch.equal(y, yc.cpu())
+        torch.testing.assert_close(xc.cpu(), x, rtol=1e-6, atol=1e-6)

@@ -29,7 +29,8 @@ class Normalize:
     :class:`~timm.data.random_erasing.RandomErasing` if ``re_prob > 0``.
 
     ``x.float().div(255).sub(mean).div(std)`` are torchvision's ``ToTensor`` + ``Normalize`` ops in the same
-    order and dtype, so a batch equals the one today's float transform makes, bit for bit.
+    order and dtype, so on the CPU a batch equals the one the float transform makes, bit for bit. On CUDA it
+    equals it within one float32 rounding: aten's CUDA division by a scalar multiplies by its reciprocal.
     Erasing draws from python's ``random`` and the device's torch generator, seeded for each batch by
     :func:`erase_seed` and restored afterwards (the training RNG streams are untouched).
 
