@@ -1,0 +1,12 @@
+"""attention=cuda with the default rules at head_dim 128, N >= 1024 (sm90 forward, column-split dQ backward) vs float64."""
+import sys
+sys.path.insert(0, "tests"); sys.path.insert(0, ".")
+import torch
+from conftest import check_against_reference, make_qkv
+from kernels.cuda import attention, ops
+for n in (1025, 4096):
+    q, k, v = make_qkv(1, 2, n, 128, dtype=torch.bfloat16, device="cuda")
+    assert (ops.fwd_path(q), ops.bwd_path(q), ops.BWD_DQ) == ("sm90", "sm90", "auto")
+    assert ops.sm90_bwd_kernel(ops.extension(), q) is ops.extension().bwd_sm90_dqcols
+    print(n, check_against_reference(attention, q, k, v), flush=True)
+print("auto128 ok")
