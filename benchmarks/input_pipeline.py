@@ -81,9 +81,8 @@ def train_split(root: Path) -> Path:
     return root
 
 
-def make_loader(path: str, root: Path, cfg, device: str, batch: int, workers: int, gpu_share: float = 1.0):
-    """The train loader of ``path`` over ``root/train`` (:func:`vit.data.build_data`'s pieces); ``gpu_share``:
-    data.gpu_decode_share on the gpu paths."""
+def make_loader(path: str, root: Path, cfg, device: str, batch: int, workers: int):
+    """The train loader of ``path`` over ``root/train`` (:func:`vit.data.build_data`'s pieces)."""
     from vit.data import ResumableSampler, SeededDataset, build_imagefolder, build_pipeline, image_loader
 
     pipe = build_pipeline(cfg, is_training=True)
@@ -92,8 +91,7 @@ def make_loader(path: str, root: Path, cfg, device: str, batch: int, workers: in
     if path.endswith("gpu"):
         from vit.gpu_decode import gpu_train_loader
 
-        return gpu_train_loader(folder, pipe.transform, pipe.on_device, device, batch, sampler, workers, seed=0,
-                                gpu_share=gpu_share)[0]
+        return gpu_train_loader(folder, pipe.transform, pipe.on_device, device, batch, sampler, workers, seed=0)[0]
     return image_loader(SeededDataset(folder), pipe, device, batch, sampler, workers, seed=0, drop_last=True,
                         persistent=True)
 
@@ -123,8 +121,7 @@ def prepare_copy(root: Path, max_side: int) -> tuple[Path, float]:
     return out, (time.perf_counter() - t0) if result["done"] == 0 else 0.0
 
 
-COLUMNS = [("path", "path", 0), ("gpu share", "gpu_share", 2), ("workers", "workers", 0), ("batch", "batch", 0),
-           ("images", "images", 0),
+COLUMNS = [("path", "path", 0), ("workers", "workers", 0), ("batch", "batch", 0), ("images", "images", 0),
            ("images/s", "images_per_s", 0), ("epoch s", "epoch_s", 2), ("status", "status", 0)]
 
 
@@ -156,15 +153,13 @@ def run_pipeline(args, env) -> dict:
     for path in args.paths:
         if path.startswith("prepared") and "prepared" not in roots:
             roots["prepared"], config["prepare_s"] = prepare_copy(root, args.max_side)
-        shares = args.gpu_share if path.endswith("gpu") else [None]
-        for share, workers in ((share, workers) for share in shares for workers in args.workers):
-            row = {"path": path, "gpu_share": share, "workers": workers, "batch": batch, "status": "ok"}
+        for workers in args.workers:
+            row = {"path": path, "workers": workers, "batch": batch, "status": "ok"}
             if path.endswith("gpu") and args.device != "cuda":
                 row["status"] = "skipped: no CUDA GPU here (the GPU decoder needs one)"
             else:
                 try:
-                    loader = make_loader(path, roots[path.split("-")[0]], cfg, args.device, batch, workers,
-                                         1.0 if share is None else share)
+                    loader = make_loader(path, roots[path.split("-")[0]], cfg, args.device, batch, workers)
                     config["transform"] = repr(loader.dataset.dataset.folder.transform if path.endswith("gpu") else
                                                loader.dataset.dataset.transform).replace("\n", " ")
                     row["images"], row["epoch_s"] = images_per_s(loader, args.device)
@@ -173,8 +168,7 @@ def run_pipeline(args, env) -> dict:
                 except Exception as exc:  # noqa: BLE001  a failing setting gets a row saying why
                     row["status"] = error_text(exc)
             rows.append(row)
-            print(f"{path:<13} share={share if share is not None else '-'!s:<4} workers={workers:<3} "
-                  f"{row.get('images_per_s') or float('nan'):8.0f} images/s  "
+            print(f"{path:<13} workers={workers:<3} {row.get('images_per_s') or float('nan'):8.0f} images/s  "
                   f"{row['status']}", flush=True)
     prep = (f"; the prepared copy (python -m vit.prepare max_side={args.max_side}) took {config['prepare_s']:.1f} s "
             f"with {cores_per_process()} processes" if config["prepare_s"] else "")

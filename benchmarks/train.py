@@ -423,8 +423,6 @@ def parse_args(argv=None):
                       default=["cpu", "gpu", "prepared", "prepared-gpu"],
                       help="cpu: PIL in the workers; gpu: data.decode=gpu; prepared(-gpu): the same on a vit.prepare copy")
     pipe.add_argument("--max-side", type=int, default=256, help="vit.prepare max_side of the prepared copy")
-    pipe.add_argument("--gpu-share", type=float, nargs="+", default=[1.0],
-                      help="data.gpu_decode_share values to try on the gpu paths (the rest decoded by PIL in the workers)")
     pipe.add_argument("--num-images", type=int, default=3000, help="images in the generated folder")
     pipe.add_argument("--gen-size", type=int, nargs=2, help="generated JPEGs all of this height, width "
                                                            "(default: ImageNet-like sizes, mean about 513×408)")

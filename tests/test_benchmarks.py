@@ -186,11 +186,10 @@ def test_input_pipeline_smoke(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the generated folder and its prepared copy
     result = train_bench.main(["--input-pipeline", "--workers", "0", "1", "--num-images", "20", "--batch-size", "4",
                                "--gen-size", "72", "80", "--img-size", "32", "--max-side", "40",
-                               "--gpu-share", "1", "0.5", "--out", str(tmp_path / "out")])
+                               "--out", str(tmp_path / "out")])
     data, md = _read(result["paths"])
-    assert [(r["path"], r["gpu_share"], r["workers"]) for r in data["rows"]] == [
-        (p, s, w) for p in ("cpu", "gpu", "prepared", "prepared-gpu")
-        for s in ((1.0, 0.5) if p.endswith("gpu") else (None,)) for w in (0, 1)]
+    assert [(r["path"], r["workers"]) for r in data["rows"]] == [
+        (p, w) for p in ("cpu", "gpu", "prepared", "prepared-gpu") for w in (0, 1)]
     for r in data["rows"]:
         if r["path"].endswith("gpu") and not ON_GPU:
             assert r["status"].startswith("skipped: no CUDA GPU"), r

@@ -141,7 +141,7 @@ def test_data_keys_override_the_checkpoints(setup, capsys):
 def test_eval_config_can_override_every_data_key_evaluation_reads():
     template = yaml.safe_load((ROOT / "configs" / "eval.yaml").read_text())["data"]
     for path in (ROOT / "configs" / "data").glob("*.yaml"):
-        keys = set(yaml.safe_load(path.read_text())) - {"train_aug", "train_samples", "decode", "gpu_decode_share"}  # training's only
+        keys = set(yaml.safe_load(path.read_text())) - {"train_aug", "train_samples", "decode"}  # training's only
         assert keys <= set(template), f"configs/eval.yaml's data: lacks {sorted(keys - set(template))} of {path.name}"
         assert all(v is None for v in template.values())
 

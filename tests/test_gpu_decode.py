@@ -144,27 +144,6 @@ def test_bytes_dataset_items_and_bad_files(folder):
     assert names[int(seeded[(paths.index(str(folder / "train/a/6.jpg")), 7)][1][8])] == "b/0.jpg"
 
 
-def test_gpu_decode_share_sends_a_fixed_part_of_the_jpegs_to_pil(folder):
-    """data.gpu_decode_share=0.5: about half of the JPEGs arrive decoded (PIL, in the workers), the same ones
-    for any seed; they are not counted as fallbacks, and the batch step's crops equal the all-GPU path's."""
-    cfg, images, seeded, decoder = make(folder, img_size=24, jitter=0.4)
-    half = SeededDataset(gd.BytesFolder(images, gd.gpu_augment(build_transform(cfg, True)), gpu_share=0.5))
-    items = [(i, 100 + i) for i in (0, 1, 2, 4, 8, 9, 10, 11, 12)]  # the plain JPEGs
-    kinds = [int(half[it][1][0]) for it in items]
-    assert kinds == [int(half[(i, 7)][1][0]) for i, _ in items]  # by index, not by seed
-    assert 0 < kinds.count(gd.PIXELS_KIND) < len(items)
-    assert [i for i, _ in items if not half.dataset.on_gpu(i)] == [i for (i, _), k in zip(items, kinds) if k]
-    assert half.dataset.num_cpu_decoded == 0
-    x_all, y_all, _ = decoder(gd.collate_bytes([seeded[it] for it in items]), "cpu")
-    x_half, y_half, _ = decoder(gd.collate_bytes([half[it] for it in items]), "cpu")
-    assert torch.equal(y_all, y_half) and (x_all.int() - x_half.int()).abs().float().mean() < 0.5
-    assert all(gd.BytesFolder(images, decoder.aug, gpu_share=1.0).on_gpu(i) for i in range(1000))
-    assert not any(gd.BytesFolder(images, decoder.aug, gpu_share=0.0).on_gpu(i) for i in range(1000))
-    for bad in (1.5, -0.1, "half"):
-        with pytest.raises(ValueError, match="gpu_decode_share"):
-            gd.BytesFolder(images, decoder.aug, gpu_share=bad)
-
-
 def test_batch_step_matches_the_cpu_transform(folder):
     """The batch step's uint8 crops = timm's CPU transform of the same samples (torchvision's CPU decoder and
     resize here; GPU tolerance in the gpu test below)."""

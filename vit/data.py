@@ -351,7 +351,7 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
         from vit.gpu_decode import gpu_train_loader
 
         train, seeded = gpu_train_loader(train_set, train_pipe.transform, train_pipe.on_device, device, micro_batch,
-                                         sampler, workers, seed, gpu_share=cfg.get("gpu_decode_share", 1.0))
+                                         sampler, workers, seed)
     else:
         train = image_loader(seeded, train_pipe, device, micro_batch, sampler, workers, seed, drop_last=True,
                              persistent=True)

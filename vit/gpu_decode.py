@@ -10,9 +10,7 @@ The train split only (validation keeps the workers' PIL path). Three parts:
   with PIL by :func:`vit.images.load_rgb`'s rules (not ``torchvision.io.decode_image``, so alpha, CMYK and
   16-bit images come out as on the CPU path): not JPEG by content (PNG...), CMYK/YCCK JPEGs, JPEGs without an
   end-of-image marker (truncated: PIL decides whether they decode) and those the GPU decoder failed on
-  before; each is counted once (``num_cpu_decoded``, shared across workers like the bad-file record). With
-  ``data.gpu_decode_share`` below 1, that fraction of the other JPEGs (fixed by sample index) is decoded here
-  too, so that the workers and the GPU share the decoding; they are not counted.
+  before; each is counted once (``num_cpu_decoded``, shared across workers like the bad-file record).
 - :class:`GpuDecoder` (the batch step) decodes the JPEG bytes with ``torchvision.io.decode_jpeg(list,
   device=...)`` (nvJPEG), then per image a crop + resize with torchvision's v2 ``resized_crop`` (the
   config's interpolation, antialias on: the operation timm's crop does with PIL, on images of any size), the
@@ -142,18 +140,9 @@ class BytesFolder(Dataset):
     Attributes: ``folder``, ``classes``, ``num_bad``, ``num_cpu_decoded``.
     """
 
-    def __init__(self, folder: RobustImageFolder, aug: Augment, gpu_share: float = 1.0):
-        if not (isinstance(gpu_share, (int, float)) and 0.0 <= gpu_share <= 1.0):
-            raise ValueError(f"data.gpu_decode_share={gpu_share!r}: the fraction of train JPEGs decoded on the GPU, "
-                             f"a number from 0 to 1 (1: all of them; the rest are decoded by PIL in the workers)")
+    def __init__(self, folder: RobustImageFolder, aug: Augment):
         self.folder, self.aug, self.classes = folder, aug, folder.classes
-        self.gpu_share = float(gpu_share)
         self._cpu = torch.zeros(len(folder.samples), dtype=torch.uint8).share_memory_()  # 1 = decode with PIL
-
-    def on_gpu(self, i: int) -> bool:
-        """Whether sample ``i``'s JPEG goes to the GPU under ``gpu_share``: a fixed hash of the index (Knuth's
-        multiplicative hash), so the choice is the same in every epoch, worker and resumed run."""
-        return (i * 2654435761) % 2**32 < self.gpu_share * 2**32
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -187,11 +176,9 @@ class BytesFolder(Dataset):
                 with open(path, "rb") as f:
                     data = f.read()
                 where, size = route(data)
-                fallback = where == "cpu" or bool(self._cpu[i])
-                if fallback or not self.on_gpu(i):  # PIL here; the crop and jitter still run on the GPU
+                if where == "cpu" or self._cpu[i]:
                     pixels = pil_pixels(data)
-                    if fallback:
-                        self.mark_cpu(i)
+                    self.mark_cpu(i)
                     payload, kind, size = pixels.flatten(), PIXELS_KIND, (pixels.shape[1], pixels.shape[0])
                 else:
                     payload, kind = torch.frombuffer(bytearray(data), dtype=torch.uint8), JPEG_KIND
@@ -440,17 +427,16 @@ def _put(ready: queue.Queue, item, stop: threading.Event) -> bool:
 
 
 def gpu_train_loader(folder: RobustImageFolder, transform, on_device: Callable, device, batch_size: int, sampler,
-                     workers: int, seed: int, gpu_share: float = 1.0):
+                     workers: int, seed: int):
     """(loader, seeded dataset) for ``data.decode=gpu``'s train split: the workers' :class:`BytesFolder` over
-    ``folder`` (augmentation from ``transform``, timm's train transform; :func:`gpu_augment`; ``gpu_share`` of
-    the JPEGs decoded on the GPU, the rest by PIL in the workers) in a
+    ``folder`` (augmentation from ``transform``, timm's train transform; :func:`gpu_augment`) in a
     :class:`vit.images.ImageFolderLoader` (persistent workers, pinned batches on CUDA, full batches), decoded
     by :class:`GpuDecodeLoader`. Raises ValueError for transform steps the GPU path does not run."""
     from vit.data import SeededDataset
     from vit.images import ImageFolderLoader
 
     aug = gpu_augment(transform)
-    seeded = SeededDataset(BytesFolder(folder, aug, gpu_share))
+    seeded = SeededDataset(BytesFolder(folder, aug))
     loader = ImageFolderLoader(seeded, batch_size=batch_size, sampler=sampler, num_workers=workers,
                                pin_memory=torch.device(device).type == "cuda", collate_fn=collate_bytes,
                                drop_last=True, persistent_workers=workers > 0,
