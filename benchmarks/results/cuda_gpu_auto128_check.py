@@ -1,9 +1,16 @@
-"""attention=cuda with the default rules at head_dim 128, N >= 1024 (sm90 forward, column-split dQ backward) vs float64."""
+"""attention=cuda with the default rules at head_dim 128, N >= 1024 (sm90 forward, column-split dQ backward) vs float64.
+
+Run from the repository root on an H100/H200: python benchmarks/results/cuda_gpu_auto128_check.py
+"""
 import sys
-sys.path.insert(0, "tests"); sys.path.insert(0, ".")
+
+sys.path[:0] = ["tests", "."]
+
 import torch
 from conftest import check_against_reference, make_qkv
+
 from kernels.cuda import attention, ops
+
 for n in (1025, 4096):
     q, k, v = make_qkv(1, 2, n, 128, dtype=torch.bfloat16, device="cuda")
     assert (ops.fwd_path(q), ops.bwd_path(q), ops.BWD_DQ) == ("sm90", "sm90", "auto")
