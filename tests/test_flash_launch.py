@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-from conftest import check_against_reference, forward_backward, make_qkv
+from conftest import check_against_reference, forward_backward, make_qkv, pack_qkv
 
 from kernels.flash import launch
 
@@ -110,3 +110,30 @@ def test_gpu_batch_heads_beyond_65535():
 
     q, k, v = make_qkv(5462, 12, 17, 32, dtype=torch.bfloat16, device="cuda")
     check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (cuda:1 while cuda:0 is current)")
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_gpu_inputs_on_a_non_current_device(packed):
+    """train.py device=cuda:1 on one process never calls set_device: the kernels must still run on cuda:1."""
+    from kernels.flash import attention, attention_qkvpacked
+
+    assert torch.cuda.current_device() == 0
+    q, k, v = make_qkv(2, 3, 197, 64, dtype=torch.bfloat16, device="cuda:1")
+    fn = (lambda q, k, v, softmax_scale=None: attention_qkvpacked(pack_qkv(q, k, v), softmax_scale)) if packed \
+        else attention
+    check_against_reference(fn, q, k, v)
+    torch.cuda.synchronize(1)
+
+
+def test_inputs_on_a_non_current_gpu_are_detected(monkeypatch):
+    """The check behind the device guard: a CUDA tensor on another GPU than the current one (CPU tensors never)."""
+    from types import SimpleNamespace
+
+    from kernels import flash
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert flash._elsewhere(SimpleNamespace(is_cuda=True, get_device=lambda: 1))
+    assert not flash._elsewhere(SimpleNamespace(is_cuda=True, get_device=lambda: 0))
+    assert not flash._elsewhere(torch.zeros(1))

@@ -36,13 +36,16 @@ def init_distributed(device: torch.device) -> DistInfo:
             CUDA each process takes ``cuda:LOCAL_RANK`` instead (an explicit index is overridden).
 
     Returns:
-        A :class:`DistInfo`; ``world_size == 1`` without torchrun.
+        A :class:`DistInfo`; ``world_size == 1`` without torchrun. A single process on ``cuda:N`` makes GPU N
+        the current device, where Triton (the flash backend) launches its kernels.
 
     Raises:
         RuntimeError: ``LOCAL_RANK`` names a GPU that this node does not have.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
         return DistInfo(device=device)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":

@@ -84,6 +84,12 @@ def _check_fp32_delta(fp32_delta) -> None:
                         f"on the command line write attention.fp32_delta=true or attention.fp32_delta=false")
 
 
+def _elsewhere(t: torch.Tensor) -> bool:
+    """``t`` is on a CUDA device other than the current one, where Triton would launch (``device=cuda:1`` in one
+    process: no one called ``torch.cuda.set_device``). The backward needs no check: autograd runs it on t's device."""
+    return t.is_cuda and t.get_device() != torch.cuda.current_device()
+
+
 def _tracing() -> bool:
     """torch.compile / export or torch.jit.trace is recording: call the ``torch.library`` ops, which they see.
     (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call the ops ``fwd``/``fwd_qkvpacked``.)"""
@@ -119,6 +125,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     _check_fp32_delta(fp32_delta)
     if _tracing():  # the torch.library op, which compile traces
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
+    if _elsewhere(q):
+        with torch.cuda.device(q.device):
+            return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)
     return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)  # (B, H, N, d); same kernels, less CPU
 
 
@@ -151,4 +160,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     _check_fp32_delta(fp32_delta)
     if _tracing():
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
+    if _elsewhere(qkv):
+        with torch.cuda.device(qkv.device):
+            return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)
     return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)  # (B, H, N, d)
