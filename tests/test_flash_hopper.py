@@ -37,7 +37,7 @@ def _launch_all(q, k, v, do, out_ref, lse_ref, scale):
     bm, bn = TILES["fwd"]
     hopper.flash_fwd_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
         q, k, v, out, lse, out, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        H, N, configs.n_bucket(N), STORE_RES=False, BLOCK_M=bm, BLOCK_N=bn, **common)
+        H, N, configs.n_bucket(N), STORE_RES=False, UNSCALED_MAX=False, BLOCK_M=bm, BLOCK_N=bn, **common)
     delta = torch.empty(B, H, N, device=DEVICE)
     op.launch_preprocess(out_ref, do, delta)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
@@ -66,3 +66,32 @@ def test_tma_kernels_match_the_pointer_kernels(B, H, N, d, dtype):
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, (out_ref, lse_ref, dq_ref, dk_ref, dv_ref)):
         assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), (name, max_err(a, b))
 
+
+
+def test_tma_forward_takes_every_argument_of_the_pointer_forward():
+    """op.launch_fwd (benchmarks/flash_bench.py's fwd_tma sweep) passes the pointer kernel's constexprs by name;
+    a compiled Triton kernel rejects a keyword it lacks (the interpreter drops it silently)."""
+    from kernels.flash import kernels
+
+    assert hopper.flash_fwd_tma_kernel.arg_names == [*kernels.flash_fwd_kernel.arg_names, "WARP_SPECIALIZE"]
+
+
+@pytest.mark.parametrize("B, H, N, d", [(2, 3, 37, 32), (1, 2, 70, 80)])
+def test_tma_forward_with_residual_matches_the_pointer_kernel(B, H, N, d):
+    """fp32_delta's forward (STORE_RES, UNSCALED_MAX): out, lse and the rounding residual as the pointer kernel's."""
+    q, k, v = split_qkv(torch.randn(B, N, 3, H, d, device=DEVICE).to(torch.float16))
+    scale = d ** -0.5
+    res_ref = op._empty_out(q)
+    out_ref, lse_ref = op._fwd(q, k, v, scale, res=res_ref)
+    if DEVICE == "cuda":
+        hopper.ensure_allocator()
+    out, lse, res = op._empty_out(q), torch.empty(B, H, N, device=DEVICE), op._empty_out(q)
+    bm, bn = TILES["fwd"]
+    hopper.flash_fwd_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
+        q, k, v, out, lse, res, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, N, configs.n_bucket(N), HEAD_DIM=d, HEAD_DIM_PADDED=configs.head_dim_padded(d), IEEE=False,
+        STORE_RES=True, UNSCALED_MAX=True, BLOCK_M=bm, BLOCK_N=bn, WARP_SPECIALIZE=False)
+    assert max_err(lse, lse_ref) <= 1e-5 * max(1.0, lse_ref.abs().max().item())
+    full, full_ref = out.float() + res.float(), out_ref.float() + res_ref.float()  # the float32 outputs
+    assert max_err(full, full_ref) <= 1e-3 * max(1.0, full_ref.abs().max().item())
+    assert res_ref.abs().max() > 0, "the residual should hold out's rounding error"

@@ -60,7 +60,7 @@ def flash_fwd_tma_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     H, N, N_BUCKET,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, STORE_RES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    UNSCALED_MAX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_M)·B·H,); arguments as ``flash_fwd_kernel`` (the ``stride_*d`` must be 1)."""
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -85,13 +85,13 @@ def flash_fwd_tma_kernel(
     n_full = (N // BLOCK_N) * BLOCK_N
     for start_n in tl.range(0, n_full, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, start_n, N, qk_scale, offs_n, IEEE, False,
-                                      STORE_RES)
+                                      UNSCALED_MAX)
     if n_full < N:
         acc, l_i, m_i = _fwd_step_tma(acc, l_i, m_i, q, desc_k, desc_v, n_full, N, qk_scale, offs_n, IEEE, True,
-                                      STORE_RES)
+                                      UNSCALED_MAX)
 
     acc = acc / l_i[:, None]
-    if STORE_RES:
+    if UNSCALED_MAX:
         m_i = m_i * qk_scale
     lse = (m_i + tl.math.log2(l_i)) * _LN2
     tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
@@ -218,7 +218,8 @@ def flash_bwd_dq_tma_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
-    """Arguments and grid as ``flash_bwd_dq_kernel``; the ``stride_*d`` must be 1."""
+    """Grid as ``flash_bwd_dq_kernel``; its arguments without Out, Res, out's strides and ADD_RES: Delta is read,
+    written before by ``flash_bwd_preprocess_kernel``. The ``stride_*d`` must be 1."""
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_m, off_bh = _tile_and_head(N, BLOCK_M2)
     off_b = (off_bh // H).to(tl.int64)
