@@ -287,7 +287,8 @@ def add_comparisons(rows: list[dict], ceiling_tflops: float) -> None:
 
 COLUMNS = [("model", "model", 0), ("impl", "impl", 0), ("attention", "attention", 0), ("compile", "compile", 0),
            ("batch", "batch", 0), ("images/s", "images_per_s", 0), ("vs timm images/s", "speed_vs_timm_pct", 0),
-           ("wall images/s", "wall_images_per_s", 0), ("vs timm wall", "wall_vs_timm_pct", 0), ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
+           ("wall images/s", "wall_images_per_s", 0), ("vs timm wall", "wall_vs_timm_pct", 0),
+           ("step ms", "step_ms", 1), ("peak GiB", "peak_gib", 2), ("vs timm peak GiB", "peak_vs_timm_gib", 2),
            ("model TFLOP/s", "model_tflops", 0), ("MFU %", "mfu_pct", 1), ("warm-up s", "warmup_s", 1),
            ("status", "status", 0)]
 # A CPU run reports times only: no memory statistics, no MFU, no comparison with timm.
@@ -438,6 +439,10 @@ def main(argv=None) -> dict:
         raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu (and --preset smoke)")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    steps = args.steps or PRESETS[args.preset]["steps"]
+    if args.rounds > 1 and steps % args.rounds:
+        raise ValueError(f"--steps {steps} is not a multiple of --rounds {args.rounds}: every round times the same "
+                         f"number of steps; choose --steps as a multiple of --rounds")
     if args.rounds > 1 and args.memory_peak:
         raise ValueError("--memory-peak needs one model alive at a time; leave --rounds at 1 for it")
     if args.memory_peak and args.device != "cuda":

@@ -166,6 +166,10 @@ def test_train_rounds_interleave_the_implementations(tmp_path, monkeypatch):
     assert "interleaved rounds" in Path(result["paths"]["md"]).read_text()
     with pytest.raises(ValueError, match="--rounds"):
         train_bench.main(["--preset", "smoke", "--rounds", "0"])
+    with pytest.raises(ValueError, match="--steps 3 is not a multiple of --rounds 2"):  # 2 steps timed, not 3
+        train_bench.main(["--preset", "smoke", "--rounds", "2", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--steps 4 is not a multiple of --rounds 8"):  # 8 steps timed, not 4
+        train_bench.main(["--preset", "smoke", "--steps", "4", "--rounds", "8", "--out", str(tmp_path)])
 
 
 def test_train_comparisons_without_peak_memory():
