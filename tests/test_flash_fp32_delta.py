@@ -73,6 +73,26 @@ def test_default_delta_loses_accuracy_at_huge_logits():
     assert sum(ratios) / len(ratios) > 2, ratios
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_fp32_delta_without_a_gradient_writes_no_residual(packed, monkeypatch):
+    """Under torch.no_grad (evaluation) fp32_delta's forward gives the same out, bitwise, and allocates no residual."""
+    from kernels.flash import op
+
+    q, k, v = make_qkv(1, 2, 33, 32, dtype=torch.float16, device=DEVICE)
+    fn = packed_precise if packed else precise
+    want = fn(q, k, v).detach()
+    allocated = []
+    real = op._empty_out
+    monkeypatch.setattr(op, "_empty_out", lambda t: allocated.append(t.shape) or real(t))
+    with torch.no_grad():
+        got = fn(q, k, v)
+    assert torch.equal(got, want)
+    assert len(allocated) == 1, "out only, no residual"
+    allocated.clear()
+    fn(q, k, v).sum().backward()
+    assert len(allocated) == 2, "with a gradient to come: out and the residual"
+
+
 def test_fp32_delta_is_an_attention_option():
     from vit.model import create_model
 

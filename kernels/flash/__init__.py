@@ -127,8 +127,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
     if _elsewhere(q):
         with torch.cuda.device(q.device):
-            return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)
-    return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta)  # (B, H, N, d); same kernels, less CPU
+            return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())
+    return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())  # (B, H, N, d); same kernels, less CPU
 
 
 def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *,
@@ -162,5 +162,5 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
     if _elsewhere(qkv):
         with torch.cuda.device(qkv.device):
-            return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)
-    return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta)  # (B, H, N, d)
+            return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta, torch.is_grad_enabled())
+    return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta, torch.is_grad_enabled())  # (B, H, N, d)

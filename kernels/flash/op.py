@@ -88,12 +88,13 @@ def _meta(q):
     return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
 
 
-def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None):
+def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None, unscaled=False):
     """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse
-    (and ``res``, out's rounding residual, when given: laid out as out)."""
+    (and ``res``, out's rounding residual, when given: laid out as out). ``unscaled`` (always with ``res``):
+    the kernel's UNSCALED_MAX form, fp32_delta's; the FMA form elsewhere (flash_fwd_kernel's docstring says why)."""
     N = q.shape[2]
     store_res = res is not None
-    unscaled = store_res  # the FMA form elsewhere: kernels.flash_fwd_kernel's docstring says why
+    unscaled = unscaled or store_res
     _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse, res if store_res else out), (softmax_scale * LOG2E,),
             (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
             lambda: {**_meta(q), "STORE_RES": store_res, "UNSCALED_MAX": unscaled}, direct, (store_res, unscaled))
@@ -137,11 +138,11 @@ def _empty_out(q: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
-         direct: bool = False, res: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         direct: bool = False, res: torch.Tensor | None = None, unscaled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     B, H, N, d = q.shape
     out = _empty_out(q)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # (B, H, N), natural log
-    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale, direct, res)
+    launch_fwd(configs.FWD[configs.head_dim_class(d)], q, k, v, out, lse, softmax_scale, direct, res, unscaled)
     return out, lse
 
 
@@ -311,6 +312,17 @@ fwd_fp32_delta = torch.ops.vit_flash.fwd_fp32_delta
 fwd_qkvpacked_fp32_delta = torch.ops.vit_flash.fwd_qkvpacked_fp32_delta
 
 
+def _eager_fwd(ctx, q, k, v, softmax_scale, fp32_delta, grad_enabled):
+    """The forward both eager Functions run: ``(out, saved)``, ``saved`` = ``(out, lse)`` or ``(out, lse, res)``.
+    Without a gradient to come (``grad_enabled`` False: the caller's ``torch.is_grad_enabled()``, which is off
+    inside ``forward``; or no input that requires grad) fp32_delta's residual is not written; out is the same."""
+    keep_res = fp32_delta and grad_enabled and any(ctx.needs_input_grad)
+    res = _empty_out(q) if keep_res else None  # (B, H, N, d)
+    out, lse = _fwd(q, k, v, softmax_scale, True, res, unscaled=fp32_delta)
+    ctx.softmax_scale = softmax_scale
+    return out, (out, lse, *([res] if res is not None else []))
+
+
 class EagerAttention(torch.autograd.Function):
     """``fwd`` and ``bwd``'s kernels for eager calls, with autograd outside ``torch.library``'s dispatch.
 
@@ -319,15 +331,14 @@ class EagerAttention(torch.autograd.Function):
     0.43 ms per backward-op call, and an autograd forward+backward through the ops took 1.0-1.25 ms
     of CPU at (256, 12, 197, 64), where the kernels need 0.68 ms of GPU
     (benchmarks/results/launch_overhead_profile_h200.log). ``torch.compile`` still traces the ops.
-    ``apply(q, k, v, softmax_scale, fp32_delta) -> out``, shapes as ``fwd``; bitwise equal to the op path.
+    ``apply(q, k, v, softmax_scale, fp32_delta, grad_enabled) -> out``, shapes as ``fwd``; bitwise equal to the
+    op path.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, fp32_delta=False):
-        res = _empty_out(q) if fp32_delta else None  # (B, H, N, d)
-        out, lse = _fwd(q, k, v, softmax_scale, True, res)
-        ctx.save_for_backward(q, k, v, out, lse, *([res] if fp32_delta else []))
-        ctx.softmax_scale = softmax_scale
+    def forward(ctx, q, k, v, softmax_scale, fp32_delta=False, grad_enabled=True):
+        out, saved = _eager_fwd(ctx, q, k, v, softmax_scale, fp32_delta, grad_enabled)
+        ctx.save_for_backward(q, k, v, *saved)
         return out  # (B, H, N, d)
 
     @staticmethod
@@ -335,20 +346,17 @@ class EagerAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, out, lse, *res = ctx.saved_tensors
         dq, dk, dv = _bwd(do, q, k, v, out, lse, ctx.softmax_scale, True, *res)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
 class EagerAttentionQKVPacked(torch.autograd.Function):
     """:class:`EagerAttention` for a packed ``(B, N, 3, H, d)`` qkv: ``fwd_qkvpacked`` and
-    ``bwd_qkvpacked``'s kernels. ``apply(qkv, softmax_scale, fp32_delta) -> out`` (B, H, N, d)."""
+    ``bwd_qkvpacked``'s kernels. ``apply(qkv, softmax_scale, fp32_delta, grad_enabled) -> out`` (B, H, N, d)."""
 
     @staticmethod
-    def forward(ctx, qkv, softmax_scale, fp32_delta=False):
-        q, k, v = split_qkv(qkv)
-        res = _empty_out(q) if fp32_delta else None  # (B, H, N, d)
-        out, lse = _fwd(q, k, v, softmax_scale, True, res)
-        ctx.save_for_backward(qkv, out, lse, *([res] if fp32_delta else []))
-        ctx.softmax_scale = softmax_scale
+    def forward(ctx, qkv, softmax_scale, fp32_delta=False, grad_enabled=True):
+        out, saved = _eager_fwd(ctx, *split_qkv(qkv), softmax_scale, fp32_delta, grad_enabled)
+        ctx.save_for_backward(qkv, *saved)
         return out  # (B, H, N, d)
 
     @staticmethod
@@ -356,5 +364,4 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
     def backward(ctx, do):
         qkv, out, lse, *res = ctx.saved_tensors
         dqkv = _bwd_qkvpacked(do, qkv, out, lse, ctx.softmax_scale, True, *res)
-        return dqkv, None, None  # (B, N, 3, H, d)
-
+        return dqkv, None, None, None  # (B, N, 3, H, d)
