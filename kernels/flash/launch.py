@@ -2,7 +2,7 @@
 
 Triton's per-call path for an autotuned kernel (``Autotuner.run`` -> ``JITFunction.run``: bind the
 arguments, compute each one's specialisation, hash a cache key, look the compiled kernel up, build
-the grid) costs tens of microseconds of Python per launch; a flash forward+backward makes four.
+the grid) costs tens of microseconds of Python per launch; a flash forward+backward makes three.
 At ViT sizes (N ≈ 200) that is as long as the kernels themselves, so the GPU waits on the CPU.
 
 :class:`Launcher` keeps, per *launch signature*, the ``CompiledKernel`` that Triton's own path
