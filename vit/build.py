@@ -166,12 +166,19 @@ def resolve_out_dir(cfg, fallback: str = "outputs/%Y-%m-%d/%H-%M-%S") -> Path:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Raises:
+        RuntimeError: a CUDA device is asked for but none is visible, or ``cuda:N`` names a GPU past the visible ones.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={name} was requested but no CUDA GPU is visible; use device=cpu or device=auto")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device={name} was requested but this machine has {torch.cuda.device_count()} visible "
+                           f"GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}; use one of those or device=cuda")
     return device
 
 
