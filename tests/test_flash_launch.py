@@ -137,3 +137,20 @@ def test_inputs_on_a_non_current_gpu_are_detected(monkeypatch):
     assert flash._elsewhere(SimpleNamespace(is_cuda=True, get_device=lambda: 1))
     assert not flash._elsewhere(SimpleNamespace(is_cuda=True, get_device=lambda: 0))
     assert not flash._elsewhere(torch.zeros(1))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_attention_runs_under_the_inputs_device_when_it_is_not_current(monkeypatch, packed):
+    """attention() enters torch.cuda.device(q.device) exactly when _elsewhere(q) says so (CPU: both stand-ins)."""
+    import contextlib
+
+    from kernels import flash
+
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
+    q, k, v = make_qkv(1, 2, 17, 16)
+    call = (lambda: flash.attention_qkvpacked(pack_qkv(q, k, v))) if packed else (lambda: flash.attention(q, k, v))
+    for elsewhere in (False, True):
+        monkeypatch.setattr(flash, "_elsewhere", lambda t, e=elsewhere: e)
+        call().sum().backward()
+    assert entered == [q.device]
