@@ -440,6 +440,8 @@ def main(argv=None) -> dict:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     steps = args.steps or PRESETS[args.preset]["steps"]
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
     if args.rounds > 1 and steps % args.rounds:
         raise ValueError(f"--steps {steps} is not a multiple of --rounds {args.rounds}: every round times the same "
                          f"number of steps; choose --steps as a multiple of --rounds")

@@ -170,6 +170,8 @@ def test_train_rounds_interleave_the_implementations(tmp_path, monkeypatch):
         train_bench.main(["--preset", "smoke", "--rounds", "2", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--steps 4 is not a multiple of --rounds 8"):  # 8 steps timed, not 4
         train_bench.main(["--preset", "smoke", "--steps", "4", "--rounds", "8", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--steps must be at least 1, got -2"):  # was a row error from torch.stack
+        train_bench.main(["--preset", "smoke", "--steps", "-2", "--out", str(tmp_path)])
 
 
 def test_train_comparisons_without_peak_memory():
