@@ -103,3 +103,19 @@ def test_fused_stats_equal_the_reference_gpu(N, dtype):
     side = math.isqrt(N - 1)
     q, k, v = make_qkv(2, 12, N, 64, dtype, device="cuda", requires_grad=False)
     check_stats(q, k, v, (side, side), 16, 1)
+
+
+def test_fused_stats_run_under_the_inputs_device_when_it_is_not_current(monkeypatch):
+    """analyze.py device=cuda:1 sets no current device: the stats kernel must launch under torch.cuda.device(q.device)
+    (CPU: _elsewhere and torch.cuda.device stood in for)."""
+    import contextlib
+
+    from kernels.flash import stats
+
+    entered = []
+    monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
+    q, k, v = make_qkv(1, 2, 5, 16, requires_grad=False)
+    for elsewhere in (False, True):
+        monkeypatch.setattr(stats, "_elsewhere", lambda t, e=elsewhere: e)
+        flash_stats(q, k, v, (2, 2), 16.0, 1)
+    assert entered == [q.device]
