@@ -402,9 +402,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, help="untimed steps per configuration (include compilation)")
     p.add_argument("--steps", type=int, help="timed steps per configuration; the median is reported")
     p.add_argument("--rounds", type=int, default=1,
-                   help="split the timed steps into this many rounds interleaved across the implementations of one "
-                        "model (builds them all at once; no peak memory): for CPU-bound small batches, whose "
-                        "images/s drift with the machine")
+                   help="split the timed steps (a multiple of it) into this many rounds interleaved across the "
+                        "implementations of one model (builds them all at once; no peak memory): for CPU-bound small "
+                        "batches, whose images/s drift with the machine")
     p.add_argument("--clip-grad", type=float, default=None,
                    help="clip the gradient norm to this value (the framework's default is 1.0; off here, as in "
                         "shared/perf/h200_baseline.md's timm runs)")
