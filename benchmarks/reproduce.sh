@@ -5,10 +5,13 @@
 #
 #   attention  the kernels alone (attention_baseline, also the README's figure) and as the ViT calls them
 #              (attention_baseline_packed); the full preset (attention_full: ViT-S/B/L at 224 and 384 px, N up
-#              to 16384, bf16 and fp16); CPU against GPU time per flash call (launch_overhead, _profile)
+#              to 16384, bf16 and fp16); CPU against GPU time per flash call (launch_overhead, _profile);
+#              flash beside SDPA's cuDNN and FA2 kernels, and with fp32_delta (flash_bench, flash_bench_fp32_delta)
 #   train      ViT-S/16, ViT-B/16 and ViT-B/16 at 384 px, ours (flash) beside timm, eager and compiled
-#              (train_vit); what is alive at ViT-B/16's memory peak (train_vitb_memory_peak); the input
-#              pipeline with 8 and 16 workers (input_pipeline)
+#              (train_vit); what is alive at ViT-B/16's memory peak (train_vitb_memory_peak); ViT-B/16 across
+#              the range in interleaved rounds: batch 16 and 64, batch 256, 512 and 1024 px
+#              (train_small_batch_rounds, train_b256_rounds, train_hires_rounds); the input pipeline with 8 and
+#              15 workers (input_pipeline)
 #   scale      train.py itself (scale): flash eager and compiled, cuda, DDP and FSDP2 on 2 GPUs, 1024 px with
 #              and without grad_ckpt, naive at 1024 px (stops with the out-of-memory message). The 2-process
 #              rows need 2 GPUs; with one they say "not run".
@@ -22,8 +25,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/benchmarks}
 PYTHON=${PYTHON:-python}
-PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full launch_overhead launch_overhead_profile"
-PARTS_train="train_vit train_vitb_memory_peak input_pipeline"
+FLASH_BENCH_STEPS="flash_bench flash_bench_fp32_delta"
+PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full launch_overhead launch_overhead_profile $FLASH_BENCH_STEPS"
+PARTS_train="train_vit train_vitb_memory_peak train_small_batch_rounds train_b256_rounds train_hires_rounds input_pipeline"
 PARTS_scale="scale"
 PARTS_all="$PARTS_attention $PARTS_train $PARTS_scale"
 
@@ -64,7 +68,21 @@ train_vitb_memory_peak() {
   run train_vitb_memory_peak "$PYTHON" -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
     --compiled timm flash --memory-peak --max-minutes inf --out "$OUT" --name train_vitb_memory_peak
 }
-input_pipeline() { run input_pipeline "$PYTHON" -m benchmarks.train --input-pipeline --workers 8 16 --out "$OUT"; }
+flash_bench() { run flash_bench_h200 "$PYTHON" -m benchmarks.flash_bench; }
+flash_bench_fp32_delta() { run flash_bench_h200_fp32_delta "$PYTHON" -m benchmarks.flash_bench --fp32-delta; }
+train_small_batch_rounds() {
+  run train_small_batch_rounds "$PYTHON" -m benchmarks.train --models vit_base_patch16_224_b16 vit_base_patch16_224_b64 \
+    --eager timm flash sdpa --compiled --rounds 4 --steps 80 --max-minutes inf --out "$OUT" --name train_small_batch_rounds
+}
+train_b256_rounds() {
+  run train_b256_rounds "$PYTHON" -m benchmarks.train --models vit_base_patch16_224 --eager timm flash \
+    --compiled timm flash --rounds 2 --steps 40 --max-minutes inf --out "$OUT" --name train_b256_rounds
+}
+train_hires_rounds() {
+  run train_hires_rounds "$PYTHON" -m benchmarks.train --models vit_base_patch16_512 vit_base_patch16_1024 \
+    --eager timm flash --compiled timm flash --rounds 2 --steps 30 --max-minutes inf --out "$OUT" --name train_hires_rounds
+}
+input_pipeline() { run input_pipeline "$PYTHON" -m benchmarks.train --input-pipeline --workers 8 15 --out "$OUT"; }
 scale() { "$PYTHON" -m benchmarks.scale --out "$OUT"; }  # writes scale.{md,json,log} itself
 
 for step in "${steps[@]}"; do
