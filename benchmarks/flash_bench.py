@@ -152,12 +152,16 @@ SWEEP = {  # (block_a, block_b, num_warps, num_stages) candidates per kernel
 # The Hopper (TMA descriptor) kernels of kernels/flash/hopper.py: (block_a, block_b, warps, stages, warp_specialize)
 _TMA_TILES = {"fwd_tma": [(64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4), (128, 64, 4), (64, 32, 4)],
               "dkdv_tma": [(32, 128, 4), (64, 128, 8), (64, 64, 4), (32, 64, 4), (128, 128, 8)],
-              "dq_tma": [(128, 32, 4), (128, 64, 8), (64, 64, 4), (64, 32, 4), (128, 128, 8)]}
+              "dq_tma": [(128, 32, 4), (128, 64, 8), (64, 64, 4), (64, 32, 4), (128, 128, 8)],
+              # the whole backward in one kernel, dQ by TMA reduce-add (hopper.flash_bwd_fused_tma_kernel, DQ_REDUCE=2):
+              # compare with dkdv + dq (the two-kernel backward) at the same shape
+              "bwd_fused_tma": [(64, 64, 4), (64, 128, 8), (32, 128, 4), (128, 128, 8), (64, 64, 8)]}
 SWEEP.update({which: [(*t, stages, ws) for t in tiles for stages in (2, 3, 4) for ws in (False, True)]
               for which, tiles in _TMA_TILES.items()})
 SWEEP_SHAPES = [(256, 12, 197, 64), (8, 12, 4096, 64), (256, 12, 197, 128), (8, 16, 4096, 128)]
 _NAMES = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"), "dq": ("BLOCK_M2", "BLOCK_N2")}
 _NAMES.update({f"{w}_tma": n for w, n in list(_NAMES.items())})
+_NAMES["bwd_fused_tma"] = _NAMES["dkdv"]
 
 
 def _single(which, cfg):
@@ -168,11 +172,13 @@ def _single(which, cfg):
 
     kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel,
               "fwd_tma": hopper.flash_fwd_tma_kernel, "dkdv_tma": hopper.flash_bwd_dkdv_tma_kernel,
-              "dq_tma": hopper.flash_bwd_dq_tma_kernel}[which]
+              "dq_tma": hopper.flash_bwd_dq_tma_kernel, "bwd_fused_tma": hopper.flash_bwd_fused_tma_kernel}[which]
     kwargs = dict(zip(_NAMES[which], cfg[:2]))
     if which.endswith("_tma"):
         hopper.ensure_allocator()
         kwargs["WARP_SPECIALIZE"] = cfg[4]
+    if which == "bwd_fused_tma":
+        kwargs["DQ_REDUCE"] = 2
     config = triton.Config(kwargs, num_warps=cfg[2], num_stages=cfg[3])
     return triton.autotune([config], key=["N_BUCKET", "HEAD_DIM"])(kernel)
 
@@ -200,6 +206,13 @@ def _run_one(which, tuner, tensors):
 
     q, k, v, do, out, lse, delta, g1, g2 = tensors
     scale = q.shape[-1] ** -0.5
+    if which == "bwd_fused_tma":  # dk, dv and dQ's reduce-adds into a float32 buffer (timed without re-zeroing it)
+        N = q.shape[2]
+        dqacc = torch.zeros(q.shape, device=q.device)
+        ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), *g2.stride(), q.shape[1], N,
+                configs.n_bucket(N))
+        return lambda: op._launch(tuner, "BLOCK_N1", "bwd fused", q, (q, k, v, do, g1, g2, dqacc, lse, delta),
+                                  (scale, scale * LOG2E), ints, lambda: op._meta(q), True)
     if which == "dq_tma":  # takes delta ready-made, where the pointer dQ kernel forms it from out and dO
         N = q.shape[2]
         ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), q.shape[1], N, configs.n_bucket(N))
@@ -253,7 +266,7 @@ def sweep(kernels=None, shapes=None):
     for shape in shapes:
         B, H, N, d = shape
         flops = {"fwd": 4 * B * H * N * N * d, "dkdv": 8 * B * H * N * N * d, "dq": 6 * B * H * N * N * d}
-        flops.update({f"{w}_tma": f for w, f in list(flops.items())})
+        flops.update({f"{w}_tma": f for w, f in list(flops.items())}, bwd_fused_tma=10 * B * H * N * N * d)
         tensors = _make_tensors(shape, torch.bfloat16, real=True)
         for which, cfgs in sweep_.items():
             results = []

@@ -95,3 +95,48 @@ def test_tma_forward_with_residual_matches_the_pointer_kernel(B, H, N, d):
     full, full_ref = out.float() + res.float(), out_ref.float() + res_ref.float()  # the float32 outputs
     assert max_err(full, full_ref) <= 1e-3 * max(1.0, full_ref.abs().max().item())
     assert res_ref.abs().max() > 0, "the residual should hold out's rounding error"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("B, H, N, d", [(2, 3, 37, 32), (1, 2, 70, 80), (1, 1, 16, 64)])
+def test_fused_backward_matches_the_pointer_kernels(B, H, N, d, dtype):
+    """flash_bwd_fused_tma_kernel (five products, dQ reduce-added; DQ_REDUCE=1, tl.atomic_add, which the
+    interpreter runs): dq, dk, dv as the two-kernel backward's, within rounding (the adds' order differs)."""
+    q, k, v = split_qkv(torch.randn(B, N, 3, H, d, device=DEVICE).to(dtype))
+    scale = d ** -0.5
+    out, lse = op._fwd(q, k, v, scale)
+    do = torch.randn_like(out)
+    dq_ref, dk_ref, dv_ref = op._bwd(do, q, k, v, out, lse, scale)
+    if DEVICE == "cuda":
+        hopper.ensure_allocator()
+    delta = torch.empty(B, H, N, device=DEVICE)
+    op.launch_preprocess(out, do, delta)
+    dqacc = torch.zeros(B, H, N, d, device=DEVICE)  # float32, contiguous
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    bm, bn = TILES["dkdv"]
+    hopper.flash_bwd_fused_tma_kernel[(triton.cdiv(N, bn) * B * H,)](
+        q, k, v, do, dk, dv, dqacc, lse, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *dk.stride(), *dv.stride(), H, N, configs.n_bucket(N), HEAD_DIM=d,
+        HEAD_DIM_PADDED=configs.head_dim_padded(d), IEEE=dtype == torch.float32, BLOCK_M1=bm, BLOCK_N1=bn,
+        WARP_SPECIALIZE=False, DQ_REDUCE=1)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for name, a, b in (("dq", dqacc.to(dtype), dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
+        assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), (name, max_err(a, b))
+
+
+def test_fused_backward_compiles_its_dq_adds_to_tma_reduce_adds():
+    """python -m benchmarks.flash_aot compiles the fused backward for sm_90 without a GPU: DQ_REDUCE=2's dQ adds
+    are TMA bulk reduce-adds (UTMAREDG in the SASS), DQ_REDUCE=1's are not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.flash_aot"], cwd=Path(__file__).parents[1], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("DQ_REDUCE=")]
+    assert len(lines) == 4
+    for line in lines:
+        assert ("UTMAREDG" in line) == line.startswith("DQ_REDUCE=2") and "HGMMA" in line, line

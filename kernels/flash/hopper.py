@@ -127,7 +127,8 @@ def _rows_desc(Base, N, stride_n, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, H
 
 @triton.jit
 def _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, start_m, N, qk_scale, offs_m,
-                       IEEE: tl.constexpr, MASK_M: tl.constexpr):
+                       IEEE: tl.constexpr, MASK_M: tl.constexpr, dq_sink=None, DQ_REDUCE: tl.constexpr = 0):
+    """One query tile's dK, dV contribution; with ``DQ_REDUCE`` also its dQ partial, added by :func:`_add_dq`."""
     rows = start_m + offs_m
     q = desc_q.load([start_m, 0])  # (BLOCK_M1, D)
     do = desc_do.load([start_m, 0])  # (BLOCK_M1, D)
@@ -144,7 +145,26 @@ def _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, star
     dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
     dsT = pT * (dpT - delta[None, :])
     dk = _dot(dsT.to(q.dtype), q, dk, IEEE)
+    if DQ_REDUCE != 0:
+        _add_dq(dq_sink, tl.trans(dsT.to(k.dtype)), k, start_m, rows, N, IEEE, DQ_REDUCE)
     return dk, dv
+
+
+@triton.jit
+def _add_dq(dq_sink, ds, k, start_m, rows, N, IEEE: tl.constexpr, DQ_REDUCE: tl.constexpr):
+    """dQ[rows] += scale · dS K for one (query tile, key tile) pair, into float32 DQacc. ``dq_sink`` is
+    ``(desc_dqacc, DQacc_base, stride_dqn, HEAD_DIM, softmax_scale)``. DQ_REDUCE 1: ``tl.atomic_add``, an
+    element-wise reduction per value (what Triton's interpreter runs); 2: the descriptor's ``atomic_add``, a
+    TMA bulk reduce-add of the whole tile (``cp.reduce.async.bulk.tensor``, Hopper), as FlashAttention-3 adds
+    its dQ. Either way the order of the adds is not fixed: not bitwise deterministic."""
+    desc_dqacc, DQacc_base, stride_dqn, HEAD_DIM, softmax_scale = dq_sink
+    dq = _dot(ds, k, tl.zeros([ds.shape[0], k.shape[1]], dtype=tl.float32), IEEE) * softmax_scale  # (BLOCK_M1, D)
+    if DQ_REDUCE == 2:
+        desc_dqacc.atomic_add([start_m, 0], dq)
+    else:
+        offs_d = tl.arange(0, dq.shape[1])
+        mask = (rows[:, None] < N) & (offs_d[None, :] < HEAD_DIM)
+        tl.atomic_add(DQacc_base + rows[:, None] * stride_dqn + offs_d[None, :], dq, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -188,6 +208,58 @@ def flash_bwd_dkdv_tma_kernel(
     if m_full < N:
         dk, dv = _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, m_full, N, qk_scale,
                                     offs_m, IEEE, True)
+    desc_dk.store([start_n * BLOCK_N1, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
+    desc_dv.store([start_n * BLOCK_N1, 0], dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def flash_bwd_fused_tma_kernel(
+    Q, K, V, DO, DK, DV, DQacc, Lse, Delta, softmax_scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, N, N_BUCKET,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DQ_REDUCE: tl.constexpr,
+):
+    """The whole backward in five matrix products (FlashAttention-2's Algorithm 2 as written, dQ included): as
+    :func:`flash_bwd_dkdv_tma_kernel`, and each (query tile, key tile) pair also adds its scale · dS K to
+    ``DQacc``, float32 ``(B, H, N, HEAD_DIM)`` contiguous and zeroed by the caller, through :func:`_add_dq`
+    (``DQ_REDUCE`` 1 or 2). Delta comes from :func:`kernels.flash.kernels.flash_bwd_preprocess_kernel`.
+    Unwired: not yet measured on a GPU."""
+    softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
+    start_n, off_bh = _tile_and_head(N, BLOCK_N1)
+    off_b = (off_bh // H).to(tl.int64)
+    off_h = (off_bh % H).to(tl.int64)
+    desc_q = _rows_desc(Q + off_b * stride_qb + off_h * stride_qh, N, stride_qn, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED)
+    desc_do = _rows_desc(DO + off_b * stride_dob + off_h * stride_doh, N, stride_don, BLOCK_M1, HEAD_DIM,
+                         HEAD_DIM_PADDED)
+    desc_k = _rows_desc(K + off_b * stride_kb + off_h * stride_kh, N, stride_kn, BLOCK_N1, HEAD_DIM, HEAD_DIM_PADDED)
+    desc_v = _rows_desc(V + off_b * stride_vb + off_h * stride_vh, N, stride_vn, BLOCK_N1, HEAD_DIM, HEAD_DIM_PADDED)
+    desc_dk = _rows_desc(DK + off_b * stride_dkb + off_h * stride_dkh, N, stride_dkn, BLOCK_N1, HEAD_DIM,
+                         HEAD_DIM_PADDED)
+    desc_dv = _rows_desc(DV + off_b * stride_dvb + off_h * stride_dvh, N, stride_dvn, BLOCK_N1, HEAD_DIM,
+                         HEAD_DIM_PADDED)
+    DQacc_base = DQacc + off_bh.to(tl.int64) * N * HEAD_DIM
+    dq_sink = (_rows_desc(DQacc_base, N, HEAD_DIM, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED), DQacc_base, HEAD_DIM,
+               HEAD_DIM, softmax_scale)
+    Lse_base = Lse + off_bh.to(tl.int64) * N
+    Delta_base = Delta + off_bh.to(tl.int64) * N
+    offs_m = tl.arange(0, BLOCK_M1)
+    k = desc_k.load([start_n * BLOCK_N1, 0])  # (BLOCK_N1, D)
+    v = desc_v.load([start_n * BLOCK_N1, 0])
+    dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    m_full = (N // BLOCK_M1) * BLOCK_M1
+    for start_m in tl.range(0, m_full, BLOCK_M1, warp_specialize=WARP_SPECIALIZE):
+        dk, dv = _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, start_m, N, qk_scale,
+                                    offs_m, IEEE, False, dq_sink, DQ_REDUCE)
+    if m_full < N:
+        dk, dv = _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, m_full, N, qk_scale,
+                                    offs_m, IEEE, True, dq_sink, DQ_REDUCE)
     desc_dk.store([start_n * BLOCK_N1, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
     desc_dv.store([start_n * BLOCK_N1, 0], dv.to(DV.dtype.element_ty))
 
