@@ -1,7 +1,10 @@
-"""FlashAttention-2 forward for Hopper (sm_90): K/V tiles through TMA tensor descriptors.
+"""FlashAttention-2 for Hopper (sm_90): the flash kernels with their tiles through TMA tensor descriptors.
 
-Same algorithm, arguments and results contract as :func:`kernels.flash.kernels.flash_fwd_kernel`
-(Dao 2023, Algorithm 1). What differs is how tiles reach shared memory: each program builds 2-D
+The forward, dK/dV and dQ kernels have the algorithm, arguments and results contract of their pointer
+twins in :mod:`kernels.flash.kernels` (Dao 2023, Algorithms 1 and 2); :func:`flash_bwd_fused_tma_kernel`
+is the backward in one kernel, with dQ reduce-added (FlashAttention-3's way). None is wired into the
+backend: measured on the H200 (benchmarks/results/flash_h200_20261201.md) the TMA kernels were no faster,
+and the fused one has not run on a GPU yet. What differs is how tiles reach shared memory: each program builds 2-D
 tensor descriptors ``[N, HEAD_DIM]`` over its (batch, head)'s rows (``tl.make_tensor_descriptor``),
 and ``desc.load`` becomes a TMA bulk copy that the compiler pipelines with mbarriers and can hand to
 a producer warp (``WARP_SPECIALIZE``: Triton's Hopper warp-specialisation pass). TMA fills rows past
