@@ -184,35 +184,11 @@ def flash_bwd_dkdv_tma_kernel(
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     """Arguments and grid as ``flash_bwd_dkdv_kernel``; the ``stride_*d`` must be 1."""
-    softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
-    start_n, off_bh = _tile_and_head(N, BLOCK_N1)
-    off_b = (off_bh // H).to(tl.int64)
-    off_h = (off_bh % H).to(tl.int64)
-    desc_q = _rows_desc(Q + off_b * stride_qb + off_h * stride_qh, N, stride_qn, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED)
-    desc_do = _rows_desc(DO + off_b * stride_dob + off_h * stride_doh, N, stride_don, BLOCK_M1, HEAD_DIM,
-                         HEAD_DIM_PADDED)
-    desc_k = _rows_desc(K + off_b * stride_kb + off_h * stride_kh, N, stride_kn, BLOCK_N1, HEAD_DIM, HEAD_DIM_PADDED)
-    desc_v = _rows_desc(V + off_b * stride_vb + off_h * stride_vh, N, stride_vn, BLOCK_N1, HEAD_DIM, HEAD_DIM_PADDED)
-    desc_dk = _rows_desc(DK + off_b * stride_dkb + off_h * stride_dkh, N, stride_dkn, BLOCK_N1, HEAD_DIM,
-                         HEAD_DIM_PADDED)
-    desc_dv = _rows_desc(DV + off_b * stride_dvb + off_h * stride_dvh, N, stride_dvn, BLOCK_N1, HEAD_DIM,
-                         HEAD_DIM_PADDED)
-    Lse_base = Lse + off_bh.to(tl.int64) * N
-    Delta_base = Delta + off_bh.to(tl.int64) * N
-    offs_m = tl.arange(0, BLOCK_M1)
-    k = desc_k.load([start_n * BLOCK_N1, 0])  # (BLOCK_N1, D)
-    v = desc_v.load([start_n * BLOCK_N1, 0])
-    dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    m_full = (N // BLOCK_M1) * BLOCK_M1
-    for start_m in tl.range(0, m_full, BLOCK_M1, warp_specialize=WARP_SPECIALIZE):
-        dk, dv = _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, start_m, N, qk_scale,
-                                    offs_m, IEEE, False)
-    if m_full < N:
-        dk, dv = _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, m_full, N, qk_scale,
-                                    offs_m, IEEE, True)
-    desc_dk.store([start_n * BLOCK_N1, 0], (dk * softmax_scale).to(DK.dtype.element_ty))
-    desc_dv.store([start_n * BLOCK_N1, 0], dv.to(DV.dtype.element_ty))
+    _dkdv_tma_program(Q, K, V, DO, DK, DV, Delta, Lse, Delta, softmax_scale, qk_scale,
+                      stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                      stride_dob, stride_doh, stride_don, stride_dkb, stride_dkh, stride_dkn,
+                      stride_dvb, stride_dvh, stride_dvn, H, N,
+                      HEAD_DIM, HEAD_DIM_PADDED, IEEE, BLOCK_M1, BLOCK_N1, WARP_SPECIALIZE, 0)
 
 
 @triton.jit
@@ -233,6 +209,22 @@ def flash_bwd_fused_tma_kernel(
     ``DQacc``, float32 ``(B, H, N, HEAD_DIM)`` contiguous and zeroed by the caller, through :func:`_add_dq`
     (``DQ_REDUCE`` 1 or 2). Delta comes from :func:`kernels.flash.kernels.flash_bwd_preprocess_kernel`.
     Unwired: not yet measured on a GPU."""
+    _dkdv_tma_program(Q, K, V, DO, DK, DV, DQacc, Lse, Delta, softmax_scale, qk_scale,
+                      stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                      stride_dob, stride_doh, stride_don, stride_dkb, stride_dkh, stride_dkn,
+                      stride_dvb, stride_dvh, stride_dvn, H, N,
+                      HEAD_DIM, HEAD_DIM_PADDED, IEEE, BLOCK_M1, BLOCK_N1, WARP_SPECIALIZE, DQ_REDUCE)
+
+
+@triton.jit
+def _dkdv_tma_program(Q, K, V, DO, DK, DV, DQacc, Lse, Delta, softmax_scale, qk_scale,
+                      stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                      stride_dob, stride_doh, stride_don, stride_dkb, stride_dkh, stride_dkn,
+                      stride_dvb, stride_dvh, stride_dvn, H, N,
+                      HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+                      BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                      DQ_REDUCE: tl.constexpr):
+    """One program of the two dK/dV kernels above: its key tile's dK and dV, and with ``DQ_REDUCE`` the dQ adds."""
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_n, off_bh = _tile_and_head(N, BLOCK_N1)
     off_b = (off_bh // H).to(tl.int64)
@@ -246,9 +238,12 @@ def flash_bwd_fused_tma_kernel(
                          HEAD_DIM_PADDED)
     desc_dv = _rows_desc(DV + off_b * stride_dvb + off_h * stride_dvh, N, stride_dvn, BLOCK_N1, HEAD_DIM,
                          HEAD_DIM_PADDED)
-    DQacc_base = DQacc + off_bh.to(tl.int64) * N * HEAD_DIM
-    dq_sink = (_rows_desc(DQacc_base, N, HEAD_DIM, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED), DQacc_base, HEAD_DIM,
-               HEAD_DIM, softmax_scale)
+    if DQ_REDUCE != 0:
+        DQacc_base = DQacc + off_bh.to(tl.int64) * N * HEAD_DIM
+        dq_sink = (_rows_desc(DQacc_base, N, HEAD_DIM, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED), DQacc_base, HEAD_DIM,
+                   HEAD_DIM, softmax_scale)
+    else:
+        dq_sink = None
     Lse_base = Lse + off_bh.to(tl.int64) * N
     Delta_base = Delta + off_bh.to(tl.int64) * N
     offs_m = tl.arange(0, BLOCK_M1)
