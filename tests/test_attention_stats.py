@@ -110,12 +110,12 @@ def test_fused_stats_run_under_the_inputs_device_when_it_is_not_current(monkeypa
     (CPU: _elsewhere and torch.cuda.device stood in for)."""
     import contextlib
 
-    from kernels.flash import stats
+    import kernels.flash
 
     entered = []
     monkeypatch.setattr(torch.cuda, "device", lambda d: entered.append(d) or contextlib.nullcontext())
     q, k, v = make_qkv(1, 2, 5, 16, requires_grad=False)
     for elsewhere in (False, True):
-        monkeypatch.setattr(stats, "_elsewhere", lambda t, e=elsewhere: e)
+        monkeypatch.setattr(kernels.flash, "_elsewhere", lambda t, e=elsewhere: e)
         flash_stats(q, k, v, (2, 2), 16.0, 1)
     assert entered == [q.device]

@@ -19,6 +19,7 @@ process may pick other block sizes, which sums in another order and can differ i
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -90,6 +91,12 @@ def _elsewhere(t: torch.Tensor) -> bool:
     return t.is_cuda and t.get_device() != torch.cuda.current_device()
 
 
+def device_guard(t: torch.Tensor):
+    """A context in which Triton launches on ``t``'s GPU: ``torch.cuda.device(t.device)`` where :func:`_elsewhere`,
+    else a no-op."""
+    return torch.cuda.device(t.device) if _elsewhere(t) else contextlib.nullcontext()
+
+
 def _tracing() -> bool:
     """torch.compile / export or torch.jit.trace is recording: call the ``torch.library`` ops, which they see.
     (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call the ops ``fwd``/``fwd_qkvpacked``.)"""
@@ -125,10 +132,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     _check_fp32_delta(fp32_delta)
     if _tracing():  # the torch.library op, which compile traces
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
-    if _elsewhere(q):
-        with torch.cuda.device(q.device):
-            return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())
-    return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())  # (B, H, N, d); same kernels, less CPU
+    with device_guard(q):  # (B, H, N, d); same kernels as the op, less CPU
+        return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())
 
 
 def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *,
@@ -160,7 +165,5 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     _check_fp32_delta(fp32_delta)
     if _tracing():
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
-    if _elsewhere(qkv):
-        with torch.cuda.device(qkv.device):
-            return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta, torch.is_grad_enabled())
-    return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta, torch.is_grad_enabled())  # (B, H, N, d)
+    with device_guard(qkv):  # (B, H, N, d)
+        return EagerAttentionQKVPacked.apply(qkv, softmax_scale, fp32_delta, torch.is_grad_enabled())

@@ -27,14 +27,12 @@ materialises P is :func:`kernels.naive.attention_stats`; tests/test_attention_st
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from ..naive import check_grid
-from . import _check, _elsewhere, configs
+from . import _check, configs, device_guard
 from .kernels import _LN2, LOG2E, _dot, _load, _tile_and_head
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim class: the forward's first config with half
@@ -170,7 +168,7 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid_size
                                        else _BLOCKS[configs.head_dim_class(d)])
     grid = (triton.cdiv(N, block_m) * B * H,)
     # Triton launches on the current GPU: q's, when it is another (analyze.py device=cuda:1 sets none)
-    with torch.cuda.device(q.device) if _elsewhere(q) else contextlib.nullcontext():
+    with device_guard(q):
         flash_stats_fwd_kernel[grid](
             q, k, v, out, distance, entropy, max_logit, softmax_scale * LOG2E, float(patch_size),
             *q.stride(), *k.stride(), *v.stride(), *out.stride(), H, N, num_prefix_tokens, grid_w,
