@@ -208,9 +208,19 @@ def measure(impl, model_name, compiled, args, device, row) -> None:
         row["peak_sites"] = peak_sites(record(step))
 
 
+def new_row(impl, model_name, compiled, status="ok") -> dict:
+    """A result row's identity (model, timm or ours, attention, compile) and its status, before any measurement."""
+    return {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
+            "compile": compiled, "status": status}
+
+
+def not_run_row(impl, model_name, compiled, config, elapsed: float) -> dict:
+    return new_row(impl, model_name, compiled, f"not run: time budget of {config['max_minutes']} min reached after "
+                                               f"{elapsed:.0f} s (raise --max-minutes)")
+
+
 def run_config(impl, model_name, compiled, args, device) -> dict:
-    row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
-           "compile": compiled, "status": "ok"}
+    row = new_row(impl, model_name, compiled)
     t0 = time.perf_counter()
     try:
         measure(impl, model_name, compiled, args, device, row)
@@ -230,8 +240,7 @@ def measure_rounds(impls, model_name, compiled, args, device) -> list[dict]:
     implementation alike. Peak memory is not measured here: every model is alive at once."""
     rows, steps = [], {}
     for impl in impls:
-        row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
-               "compile": compiled, "status": "ok", "peak_gib": None}
+        row = {**new_row(impl, model_name, compiled), "peak_gib": None}
         t0 = time.perf_counter()
         try:
             steps[impl] = prepare(impl, model_name, compiled, args, device, row)
@@ -349,9 +358,7 @@ def run_models(args, device, env) -> dict:
     for model_name, impl, compiled in plan:
         elapsed = time.perf_counter() - start
         if elapsed + EXPECTED_S[compiled] > 60 * config["max_minutes"]:
-            row = {"model": model_name, "impl": "timm" if impl == "timm" else "ours", "attention": impl,
-                   "compile": compiled, "status": f"not run: time budget of {config['max_minutes']} min reached "
-                                                  f"after {elapsed:.0f} s (raise --max-minutes)"}
+            row = not_run_row(impl, model_name, compiled, config, elapsed)
         else:
             row = run_config(impl, model_name, compiled, args, device)
         paths = record_rows(args, device, env, config, name, rows, [row])
@@ -381,10 +388,7 @@ def run_rounds(args, device, env, config, name, rows) -> dict:
         for model_name in config["models"] if impls else []:
             elapsed = time.perf_counter() - start
             if elapsed + len(impls) * EXPECTED_S[compiled] > 60 * config["max_minutes"]:
-                new = [{"model": model_name, "impl": "timm" if i == "timm" else "ours", "attention": i,
-                        "compile": compiled, "status": f"not run: time budget of {config['max_minutes']} min "
-                                                       f"reached after {elapsed:.0f} s (raise --max-minutes)"}
-                       for i in impls]
+                new = [not_run_row(i, model_name, compiled, config, elapsed) for i in impls]
             else:
                 new = measure_rounds(impls, model_name, compiled, args, device)
             paths = record_rows(args, device, env, config, name, rows, new)
