@@ -52,6 +52,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from vit.images import DECODE_ERRORS, RobustImageFolder, TooManyBadFilesError, to_rgb
+from vit.prefetch import LoaderView
 
 JPEG_KIND, PIXELS_KIND = 0, 1  # payload: JPEG file bytes | decoded RGB pixels, (H, W, 3) uint8 flattened
 
@@ -339,7 +340,7 @@ def upload(pixels: torch.Tensor, height: int, width: int, device) -> torch.Tenso
     return pixels.view(height, width, 3).to(device, non_blocking=True).permute(2, 0, 1).contiguous()
 
 
-class GpuDecodeLoader:
+class GpuDecodeLoader(LoaderView):
     """Iterate ``loader`` (a DataLoader of :class:`ByteBatch`) as ``(x float32 (B, 3, H, W), y int64 (B,))`` on
     ``device``: ``decoder`` then ``on_device`` (normalisation, random erasing) run in a background thread on
     one side CUDA stream, up to ``depth`` batches ahead; the consumer's current stream waits for a batch's
@@ -352,17 +353,6 @@ class GpuDecodeLoader:
         self.loader, self.device, self.decoder, self.on_device = loader, torch.device(device), decoder, on_device
         self.depth = depth
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
-    @property
-    def sampler(self):
-        return self.loader.sampler
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def __iter__(self):
         ready: queue.Queue = queue.Queue(maxsize=self.depth)

@@ -85,7 +85,22 @@ def seeded_erase(erasing: RandomErasing, x: torch.Tensor, seed: int) -> None:
             random.setstate(state)
 
 
-class DeviceLoader:
+class LoaderView:
+    """What the training loop reads of a wrapped ``self.loader``: its ``dataset``, ``sampler`` and length."""
+
+    @property
+    def dataset(self):
+        return self.loader.dataset
+
+    @property
+    def sampler(self):
+        return self.loader.sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+class DeviceLoader(LoaderView):
     """Iterate ``loader`` as ``(x, y)`` on ``device``, each batch made by ``on_device`` one batch ahead.
 
     On CUDA ``on_device`` runs on one side stream kept for the loader's life (timm's ``PrefetchLoader``
@@ -101,17 +116,6 @@ class DeviceLoader:
     def __init__(self, loader, device, on_device: Callable):
         self.loader, self.device, self.on_device = loader, torch.device(device), on_device
         self.stream = None
-
-    @property
-    def dataset(self):
-        return self.loader.dataset
-
-    @property
-    def sampler(self):
-        return self.loader.sampler
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
     def prepare(self, batch, device=None):
         """``on_device(batch, device)`` now, on the current stream (default device: the loader's)."""
