@@ -3,17 +3,20 @@
     python -m benchmarks.launch_overhead            # CUDA only
     python -m benchmarks.launch_overhead --profile  # and where the CPU time of each flash case goes (cProfile)
 
-For each shape, each flash op and each autograd forward+backward (flash, flash packed, SDPA) is called
-50 times back to back after 5 warm-up calls. ``cpu`` is the wall time of enqueuing those calls (no
-synchronisation inside the loop, so the GPU runs behind), ``gpu`` the CUDA-event time of the same
-calls. ``cpu ≈ gpu`` means the GPU waited on Python: the call costs its launch overhead, not its kernels.
-Shapes run in the order given, ViT-S/16 repeated after ViT-B/16, to show the spread of one process.
+For each shape, each flash op and each autograd forward+backward (flash, flash packed, SDPA; flash's
+eager calls through the C++ launcher, the default, and through the Python one, ``VIT_FLASH_LAUNCHER=python``)
+is called 50 times back to back after 5 warm-up calls, in ``--rounds`` interleaved rounds; the median round
+is printed. ``cpu`` is the wall time of enqueuing those calls (no synchronisation inside the loop, so the
+GPU runs behind), ``gpu`` the CUDA-event time of the same calls. ``cpu ≈ gpu`` means the GPU waited on
+Python: the call costs its launch overhead, not its kernels. Shapes run in the order given, ViT-S/16
+repeated after ViT-B/16, to show the spread of one process.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
@@ -38,6 +41,19 @@ def cpu_and_gpu_ms(fn, calls: int = 50, warmup: int = 5) -> tuple[float, float]:
     return cpu, start.elapsed_time(end) / calls
 
 
+def _launcher(mode: str, fn):
+    """``fn`` run with the flash eager launcher in ``mode`` (kernels.flash.native)."""
+    from kernels.flash import native
+
+    def call():
+        previous = native.set_mode(mode)
+        try:
+            return fn()
+        finally:
+            native.set_mode(previous)
+    return call
+
+
 def cases(B: int, H: int, N: int, d: int, dtype=torch.bfloat16) -> dict:
     """name -> zero-argument callable, on fresh random inputs of one shape."""
     from kernels.flash import attention, attention_qkvpacked, op
@@ -57,6 +73,8 @@ def cases(B: int, H: int, N: int, d: int, dtype=torch.bfloat16) -> dict:
         "bwd_qkvpacked op": lambda: op.bwd_qkvpacked(do, qkv, packed_out, packed_lse, softmax_scale),
         "attention fwd+bwd": lambda: torch.autograd.grad(attention(qg, kg, vg), (qg, kg, vg), do),
         "packed fwd+bwd": lambda: torch.autograd.grad(attention_qkvpacked(qkvg), (qkvg,), do),
+        "attention, py launch": _launcher("python", lambda: torch.autograd.grad(attention(qg, kg, vg), (qg, kg, vg), do)),
+        "packed, py launch": _launcher("python", lambda: torch.autograd.grad(attention_qkvpacked(qkvg), (qkvg,), do)),
         "sdpa fwd+bwd": lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg), (qg, kg, vg), do),
     }
 
@@ -78,12 +96,21 @@ def profile(fn, calls: int = 200, top: int = 12) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--profile", action="store_true", help="also cProfile each flash case at the first shape")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the cases; the median is printed")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.launch_overhead times CUDA launches; run it on a machine with a CUDA GPU")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be ≥ 1, got {args.rounds}")
     for B, H, N, d in SHAPES:
-        for name, fn in cases(B, H, N, d).items():
-            cpu, gpu = cpu_and_gpu_ms(fn)
+        shape_cases = cases(B, H, N, d)
+        times: dict[str, list] = {name: [] for name in shape_cases}
+        for _ in range(args.rounds):
+            for name, fn in shape_cases.items():
+                times[name].append(cpu_and_gpu_ms(fn))
+        for name, runs in times.items():
+            cpu = statistics.median(c for c, _ in runs)
+            gpu = statistics.median(g for _, g in runs)
             print(f"B={B} H={H} N={N} d={d}  {name:20s} cpu {cpu:6.3f} ms/call  gpu {gpu:6.3f} ms/call", flush=True)
     if args.profile:
         for name, fn in cases(*SHAPES[0]).items():

@@ -87,9 +87,11 @@ def test_launcher_leaves_launch_hooks_to_triton(fake_cuda, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_eager_calls_launch_directly_and_equal_triton_launches_bitwise():
-    from kernels.flash import attention, bwd, fwd, op
+def test_gpu_eager_calls_launch_directly_and_equal_triton_launches_bitwise(monkeypatch):
+    """The Python launcher (VIT_FLASH_LAUNCHER=python); tests/test_flash_native.py has the C++ one's twin."""
+    from kernels.flash import attention, bwd, fwd, native, op
 
+    monkeypatch.setattr(native, "_mode", "python")
     q, k, v = make_qkv(2, 3, 197, 64, dtype=torch.bfloat16, device="cuda")
     do = torch.randn_like(q)
     forward_backward(attention, q, k, v, do)  # first call of this signature: Triton's path

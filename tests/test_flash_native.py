@@ -1,0 +1,167 @@
+"""The C++ eager path of the flash backend (kernels/flash/native.py, kernels/flash/csrc/eager.cpp).
+
+CPU: the extension builds with this torch, and under Triton's interpreter its autograd node, allocations
+and argument lists give bitwise the Python path's out, dq, dk, dv (every launch then goes through
+``_first_launch``, which runs the interpreted kernels on the arguments the C++ side built); plans,
+modes and the build-failure warning. GPU: after a key's first call the launches skip Python, bitwise
+equal to Triton's own launches through the torch.library ops.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+from conftest import check_against_reference, forward_backward, make_qkv, pack_qkv
+
+from kernels import flash
+from kernels.flash import native
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def launcher_mode():
+    """Restore the launcher mode after a test that switches it."""
+    previous = native.mode()
+    yield native.set_mode
+    native.set_mode(previous)
+
+
+def _packed(q, k, v, softmax_scale=None, fp32_delta=False):
+    return flash.attention_qkvpacked(pack_qkv(q, k, v), softmax_scale, fp32_delta=fp32_delta)
+
+
+def _both_paths(fn, q, k, v, do, set_mode):
+    set_mode("python")
+    want = forward_backward(fn, q, k, v, do)
+    set_mode("native")
+    assert native.module() is not None
+    got = forward_backward(fn, q, k, v, do)
+    return want, got
+
+
+CASES = [(1, 2, 17, 32, torch.float32), (2, 1, 65, 80, torch.float16), (1, 2, 1, 64, torch.float32)]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+@pytest.mark.parametrize("fp32_delta", [False, True], ids=["plain", "fp32_delta"])
+@pytest.mark.parametrize("B,H,N,d,dtype", CASES, ids=[f"N{c[2]}-d{c[3]}-{str(c[4])[6:]}" for c in CASES])
+def test_native_path_equals_the_python_path_bitwise(launcher_mode, packed, fp32_delta, B, H, N, d, dtype):
+    def fn(q, k, v, softmax_scale=None):
+        if packed:
+            return _packed(q, k, v, softmax_scale, fp32_delta)
+        return flash.attention(q, k, v, softmax_scale, fp32_delta=fp32_delta)
+
+    q, k, v = make_qkv(B, H, N, d, dtype=dtype, device=DEVICE)
+    do = torch.randn(B, N, H, d, dtype=dtype, device=DEVICE).transpose(1, 2)  # out's layout, as the ViT's
+    want, got = _both_paths(fn, q, k, v, do, launcher_mode)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.shape == b.shape and a.stride() == b.stride(), name
+        assert torch.equal(a, b), f"{name}: max diff {(a.double() - b.double()).abs().max().item():.3e}"
+
+
+def test_native_path_against_float64_with_a_contiguous_upstream_gradient(launcher_mode):
+    launcher_mode("native")
+    q, k, v = make_qkv(2, 2, 33, 64, dtype=torch.float16, device=DEVICE)
+    check_against_reference(flash.attention, q, k, v)  # its do is contiguous (B, H, N, d), not out's layout
+    check_against_reference(_packed, q, k, v)
+
+
+def test_native_path_refuses_a_second_derivative(launcher_mode):
+    launcher_mode("native")
+    q, k, v = make_qkv(1, 1, 17, 16, device=DEVICE)
+    out = flash.attention(q, k, v)
+    with pytest.raises(RuntimeError, match="second derivative"):
+        torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
+
+
+def test_native_path_without_grad_returns_the_same_out(launcher_mode):
+    q, k, v = make_qkv(1, 2, 17, 32, device=DEVICE, requires_grad=False)
+    launcher_mode("python")
+    want = flash.attention(q, k, v, fp32_delta=True)
+    launcher_mode("native")
+    with torch.no_grad():
+        got = flash.attention(q, k, v, fp32_delta=True)
+    assert not got.requires_grad and torch.equal(got, want)
+
+
+def _compiled(signature, **metadata):
+    md = dict(num_ctas=1, launch_pdl=False, launch_cooperative_grid=False, global_scratch_size=0,
+              profile_scratch_size=0, num_warps=4, shared=12288) | metadata
+    return SimpleNamespace(metadata=SimpleNamespace(**md), src=SimpleNamespace(signature=signature), function=1234)
+
+
+def test_plan_reads_types_from_the_compiled_signature(monkeypatch):
+    monkeypatch.setattr(native, "_hooked", lambda: False)
+    sig = {"Q": "*bf16", "scale": "fp32", "stride": "i32", "one": "constexpr", "big": "i64", "BLOCK": "constexpr"}
+    assert native.plan(_compiled(sig), 5, 96) == (1234, 96, 128, 12288, "pficl")
+    assert native.plan(_compiled(sig | {"BLOCK": "i32"}), 5, 96) is None  # a parameter past the launch's arguments
+    for unusual in ({"num_ctas": 2}, {"launch_pdl": True}, {"global_scratch_size": 64}, {"profile_scratch_size": 8}):
+        assert native.plan(_compiled(sig, **unusual), 5, 96) is None, unusual
+    assert native.plan(_compiled({"x": "u8"}), 1, 1) is None
+    assert native.plan(None, 1, 1) is None  # the interpreter returns no compiled kernel
+    monkeypatch.setattr(native, "_hooked", lambda: True)
+    assert native.plan(_compiled(sig), 5, 96) is None
+
+
+def test_launcher_modes(launcher_mode, monkeypatch):
+    with pytest.raises(ValueError, match="use one of auto, native, python"):
+        launcher_mode("fast")
+    launcher_mode("python")
+    assert native.module() is None
+    launcher_mode("auto")
+    assert native.module() is None  # the interpreter (CPU) or the C++ path (GPU)
+    monkeypatch.setattr(native, "_hooked", lambda: True)
+    launcher_mode("native")
+    assert native.module() is None  # a Triton launch hook sees every launch only on Triton's path
+
+
+def test_a_failed_build_warns_once_in_auto_mode_and_raises_in_native_mode(launcher_mode, monkeypatch):
+    def broken(verbose=False):
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_failed", None)
+    monkeypatch.setattr(native, "load", broken)
+    monkeypatch.setattr(native.configs, "INTERPRETED", False)
+    launcher_mode("auto")
+    with pytest.warns(RuntimeWarning, match="no C.. compiler"):
+        assert native.module() is None
+    assert native.module() is None  # no second warning (pytest's filter would turn one into an error here)
+    launcher_mode("native")
+    with pytest.raises(RuntimeError, match="VIT_FLASH_LAUNCHER=native"):
+        native.module()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_gpu_native_launches_skip_python_and_equal_triton_launches_bitwise(launcher_mode, packed):
+    from kernels.flash import bwd, fwd
+
+    launcher_mode("native")
+    q, k, v = make_qkv(2, 3, 197, 64, dtype=torch.bfloat16, device="cuda")
+    do = torch.randn(2, 197, 3, 64, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    fn = _packed if packed else flash.attention
+    forward_backward(fn, q, k, v, do)  # the first call of each key: Triton's path
+    before = native.module().direct_launch_count()
+    out, dq, dk, dv = forward_backward(fn, q, k, v, do)
+    assert native.module().direct_launch_count() - before == 3, "fwd, dq and dk/dv should skip Python"
+    want_out, lse = fwd(q, k, v, 64 ** -0.5)  # the triton_op: Triton's own launch path
+    for name, a, b in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv),
+                          (want_out, *bwd(do, q, k, v, want_out, lse, 64 ** -0.5))):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,d", [(1, 32), (197, 80), (577, 128), (1025, 64)])
+def test_gpu_native_path_against_float64(launcher_mode, N, d):
+    launcher_mode("native")
+    q, k, v = make_qkv(2, 2, N, d, dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):  # the first call through Python, the second direct
+        check_against_reference(flash.attention, q, k, v)
