@@ -92,8 +92,8 @@ def test_native_path_without_grad_returns_the_same_out(launcher_mode):
 
 
 def _compiled(signature, **metadata):
-    md = dict(num_ctas=1, launch_pdl=False, launch_cooperative_grid=False, global_scratch_size=0,
-              profile_scratch_size=0, num_warps=4, shared=12288) | metadata
+    md = {"num_ctas": 1, "launch_pdl": False, "launch_cooperative_grid": False, "global_scratch_size": 0,
+          "profile_scratch_size": 0, "num_warps": 4, "shared": 12288} | metadata
     return SimpleNamespace(metadata=SimpleNamespace(**md), src=SimpleNamespace(signature=signature), function=1234)
 
 
