@@ -165,3 +165,46 @@ def test_gpu_native_path_against_float64(launcher_mode, N, d):
     q, k, v = make_qkv(2, 2, N, d, dtype=torch.bfloat16, device="cuda")
     for _ in range(2):  # the first call through Python, the second direct
         check_against_reference(flash.attention, q, k, v)
+
+
+class _OpNames(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the dispatcher ops that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fp32_delta", [False, True], ids=["plain", "fp32_delta"])
+def test_the_packed_ops_backward_is_the_cpp_op_and_equals_the_python_one(launcher_mode, fp32_delta):
+    """vit_flash::fwd_qkvpacked's autograd formula (torch.compile's path) calls vit_flash_native::bwd_qkvpacked."""
+    from kernels.flash import op
+
+    fwd = op.fwd_qkvpacked_fp32_delta if fp32_delta else op.fwd_qkvpacked
+    q, k, v = make_qkv(2, 2, 17, 32, device=DEVICE)
+    qkv = pack_qkv(q, k, v).detach()
+    do = torch.randn(2, 17, 2, 32, device=DEVICE).transpose(1, 2)
+    grads = {}
+    for mode in ("python", "native"):
+        launcher_mode(mode)
+        x = qkv.clone().requires_grad_()
+        out = fwd(x, 32 ** -0.5)[0]
+        with _OpNames() as seen:
+            (grads[mode],) = torch.autograd.grad(out, (x,), do)
+        assert ("vit_flash_native.bwd_qkvpacked.default" in seen.names) == (mode == "native"), seen.names
+    assert torch.equal(grads["native"], grads["python"])
+
+
+def test_compiled_packed_attention_with_the_cpp_backward_equals_eager(launcher_mode):
+    launcher_mode("native")
+    q, k, v = make_qkv(1, 2, 17, 16, device=DEVICE)
+    do = torch.randn_like(q)
+    compiled = torch.compile(_packed, fullgraph=True, backend="aot_eager")
+    got = forward_backward(compiled, q, k, v, do)
+    want = forward_backward(_packed, q, k, v, do)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b), name

@@ -87,8 +87,21 @@ def load(verbose: bool = False):
         module = cpp_extension.load(NAME, [str(CSRC)], extra_cflags=["-O2"], build_directory=str(folder),
                                     with_cuda=False, verbose=verbose)
         module.set_first_launch(_first_launch, LOG2E)
+        torch.library.register_fake("vit_flash_native::bwd_qkvpacked")(_bwd_qkvpacked_fake)
         _module = module
     return _module
+
+
+def _bwd_qkvpacked_fake(dout, qkv, out, lse, res, softmax_scale):
+    return qkv.new_empty(qkv.shape)  # (B, N, 3, H, d), contiguous as the C++ op's
+
+
+def bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale: float):
+    """``vit_flash_native::bwd_qkvpacked``: dqkv ``(B, N, 3, H, d)`` of a packed forward (``res``: fp32_delta's
+    residual or None), or None where :func:`module` says the Python path is to run."""
+    if module() is None:
+        return None
+    return torch.ops.vit_flash_native.bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale)
 
 
 def module():

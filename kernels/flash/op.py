@@ -289,7 +289,12 @@ def _backward(ctx, dout, dlse, *dres):
 
 
 def _backward_qkvpacked(ctx, dout, dlse, *dres):
+    from . import native  # (native imports this module)
+
     qkv, out, lse, *res = ctx.saved_tensors
+    dqkv = native.bwd_qkvpacked(dout, qkv, out, lse, res[0] if res else None, ctx.softmax_scale)
+    if dqkv is not None:  # the C++ op: under torch.compile the graph calls it with no Python in between
+        return dqkv, None
     bwd_op = torch.ops.vit_flash.bwd_qkvpacked_fp32_delta if res else torch.ops.vit_flash.bwd_qkvpacked
     return bwd_op(dout, qkv, out, lse, *res, ctx.softmax_scale), None
 

@@ -299,6 +299,19 @@ at::Tensor attention_qkvpacked(const at::Tensor& qkv, double scale, bool fp32_de
   return AttentionQKVPacked::apply(qkv, scale, fp32_delta, wants_res(fp32_delta, {&qkv}));
 }
 
+// The packed backward as a dispatcher op, vit_flash_native::bwd_qkvpacked: what the torch.library autograd formula
+// of vit_flash::fwd_qkvpacked calls (kernels/flash/op.py), so that a torch.compile graph's backward reaches the
+// kernels through the dispatcher and this file, not through a Python custom op.
+at::Tensor bwd_qkvpacked_op(const at::Tensor& dout, const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
+                            const std::optional<at::Tensor>& res, double softmax_scale) {
+  c10::DeviceGuard guard(qkv.device());
+  auto dqkv = at::empty(qkv.sizes(), qkv.options());  // (B, N, 3, H, d)
+  auto [q, k, v] = split_qkv(qkv);
+  auto [dq, dk, dv] = split_qkv(dqkv);
+  backward_kernels(dout, q, k, v, out, lse, res.value_or(at::Tensor()), softmax_scale, dq, dk, dv);
+  return dqkv;
+}
+
 void set_first_launch(py::object handler, double log2e_value) {
   first_launch = new py::object(std::move(handler));
   log2e = log2e_value;
@@ -322,4 +335,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_first_launch", &set_first_launch, "install the Python handler of a key's first launch, and LOG2E");
   m.def("direct_launch_count", &direct_launch_count, "launches so far that did not go through Python");
   m.def("clear_plans", &clear_plans, "forget every cached plan (the next launch of each key goes through Python)");
+}
+
+TORCH_LIBRARY(vit_flash_native, m) {
+  m.def("bwd_qkvpacked(Tensor dout, Tensor qkv, Tensor out, Tensor lse, Tensor? res, float softmax_scale) -> Tensor");
+}
+
+// Any device: CUDA on a GPU, the CPU under Triton's interpreter (tests; every launch then goes through Python).
+TORCH_LIBRARY_IMPL(vit_flash_native, CompositeExplicitAutograd, m) {
+  m.impl("bwd_qkvpacked", &bwd_qkvpacked_op);
 }
