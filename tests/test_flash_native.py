@@ -73,12 +73,34 @@ def test_native_path_against_float64_with_a_contiguous_upstream_gradient(launche
     check_against_reference(_packed, q, k, v)
 
 
-def test_native_path_refuses_a_second_derivative(launcher_mode):
+@pytest.mark.parametrize("packed", [False, True], ids=["qkv", "packed"])
+def test_native_path_gives_a_first_derivative_under_create_graph_and_refuses_the_second(launcher_mode, packed):
+    """As the Python path's once_differentiable (tests/test_flash.py::test_second_derivative_raises): create_graph=True
+    returns the gradient; the second derivative through it raises when it is taken."""
     launcher_mode("native")
     q, k, v = make_qkv(1, 1, 17, 16, device=DEVICE)
-    out = flash.attention(q, k, v)
-    with pytest.raises(RuntimeError, match="second derivative"):
-        torch.autograd.grad(out.square().sum(), (q,), create_graph=True)
+    inputs = (pack_qkv(q, k, v).detach().requires_grad_(True),) if packed else (q, k, v)
+    out = flash.attention_qkvpacked(*inputs) if packed else flash.attention(*inputs)
+    launcher_mode("python")
+    want = torch.autograd.grad(out.square().sum(), inputs, retain_graph=True)  # not the C++ node: same kernels
+    launcher_mode("native")
+    grads = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+    assert all(torch.equal(g, w) for g, w in zip(grads, want))
+    with pytest.raises(RuntimeError, match="differentiate twice.*second derivative"):
+        sum(g.square().sum() for g in grads).backward()
+
+
+def test_packed_op_refuses_a_second_derivative_on_the_native_path(launcher_mode):
+    """vit_flash::fwd_qkvpacked called eagerly (kernels.flash.fwd_qkvpacked): with create_graph=True its backward is the
+    Python op, whose second derivative raises; the C++ op has no autograd kernel (a warning, then an undefined gradient)."""
+    from kernels.flash import op
+
+    launcher_mode("native")
+    q, k, v = make_qkv(1, 1, 17, 16, device=DEVICE)
+    qkv = pack_qkv(q, k, v).detach().requires_grad_(True)
+    (g,) = torch.autograd.grad(op.fwd_qkvpacked(qkv, 0.25)[0].square().sum(), (qkv,), create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula was registered"):
+        g.square().sum().backward()
 
 
 def test_native_path_without_grad_returns_the_same_out(launcher_mode):
@@ -128,6 +150,7 @@ def test_a_failed_build_warns_once_in_auto_mode_and_raises_in_native_mode(launch
 
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_failed", None)
+    monkeypatch.setattr(native, "_warned", False)
     monkeypatch.setattr(native, "load", broken)
     monkeypatch.setattr(native.configs, "INTERPRETED", False)
     launcher_mode("auto")
@@ -137,6 +160,30 @@ def test_a_failed_build_warns_once_in_auto_mode_and_raises_in_native_mode(launch
     launcher_mode("native")
     with pytest.raises(RuntimeError, match="VIT_FLASH_LAUNCHER=native"):
         native.module()
+
+
+@pytest.fixture
+def planned(launcher_mode, monkeypatch):
+    """Native mode with every first launch returning a (fake) direct plan, as on a GPU; the plans are forgotten after.
+    A direct launch then fails on this machine (no CUDA), which shows that it was attempted."""
+    launcher_mode("native")
+    monkeypatch.setattr(native, "plan", lambda compiled, n_args, grid: (1, grid, 128, 0, "p" * n_args))
+    native.module().clear_plans()
+    yield
+    native.module().clear_plans()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="launches a fake CUfunction: only where no GPU can run it")
+@pytest.mark.parametrize("B,H", [(0, 2), (2, 0)])
+def test_an_empty_grid_is_not_launched(planned, B, H):
+    """B·H = 0: Triton's launcher skips a grid of no programs (cuLaunchKernel would fail on it); the direct path too."""
+    q, k, v = make_qkv(B, H, 17, 16, device=DEVICE)
+    for _ in range(2):  # the first call through Python, the second with the plan
+        forward_backward(flash.attention, q, k, v, torch.randn_like(q))
+    q, k, v = make_qkv(1, 1, 17, 16, device=DEVICE)
+    flash.attention(q, k, v)  # a key's first launch: Triton's
+    with pytest.raises(RuntimeError):  # a non-empty grid is launched directly (and fails here)
+        flash.attention(q, k, v)
 
 
 @pytest.mark.gpu
@@ -196,6 +243,7 @@ def test_the_packed_ops_backward_is_the_cpp_op_and_equals_the_python_one(launche
         with _OpNames() as seen:
             (grads[mode],) = torch.autograd.grad(out, (x,), do)
         assert ("vit_flash_native.bwd_qkvpacked.default" in seen.names) == (mode == "native"), seen.names
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("vit_flash_native::bwd_qkvpacked", DEVICE.upper())
     assert torch.equal(grads["native"], grads["python"])
 
 
@@ -208,3 +256,41 @@ def test_compiled_packed_attention_with_the_cpp_backward_equals_eager(launcher_m
     want = forward_backward(_packed, q, k, v, do)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert torch.equal(a, b), name
+
+
+def test_the_cpp_ops_schema_exists_before_the_extension_loads():
+    """A graph compiled in another process (torch.compile's caches) may call vit_flash_native::bwd_qkvpacked before
+    anything loads the extension: kernels.flash defines the op, with a Python kernel (the Python launcher)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, torch
+os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels.flash import native, op
+from kernels import split_qkv
+qkv = torch.randn(1, 17, 3, 2, 16)
+out, lse = op._fwd_qkvpacked(qkv, 0.25, True)
+dout = torch.randn_like(out)
+got = torch.ops.vit_flash_native.bwd_qkvpacked(dout, qkv, out, lse, None, 0.25)
+assert native._module is None, "the extension loaded"
+assert torch.equal(got, op._bwd_qkvpacked(dout, qkv, out, lse, 0.25, True)), "differs from the Python launcher"
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "VIT_FLASH_LAUNCHER": "auto"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def test_the_build_command_of_the_readme():
+    """`python -m kernels.flash.native` builds (here: finds) the extension and prints where it is."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "kernels.flash.native"], capture_output=True, text=True, timeout=600,
+                         check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    last = run.stdout.strip().splitlines()[-1]  # after the compiler's (ninja's) own lines
+    assert last.startswith("flash eager launcher: ") and last.endswith(".so"), run.stdout
+    assert "RuntimeWarning" not in run.stderr, run.stderr[-2000:]

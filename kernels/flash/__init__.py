@@ -25,7 +25,7 @@ import math
 import torch
 
 from .. import split_qkv
-from . import configs, native
+from . import configs
 from .op import (
     EagerAttention,
     EagerAttentionQKVPacked,
@@ -132,8 +132,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     _check_fp32_delta(fp32_delta)
     if _tracing():  # the torch.library op, which compile traces
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
+    from . import native  # here, not at import: `python -m kernels.flash.native` runs it as __main__
+
     eager = native.module()
-    if eager is not None:  # the C++ autograd node and launches (kernels.flash.native)
+    if eager is not None:  # the C++ autograd node and launches
         return eager.attention(q, k, v, softmax_scale, fp32_delta)  # (B, H, N, d)
     with device_guard(q):  # (B, H, N, d); same kernels as the op, less CPU
         return EagerAttention.apply(q, k, v, softmax_scale, fp32_delta, torch.is_grad_enabled())
@@ -168,6 +170,8 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     _check_fp32_delta(fp32_delta)
     if _tracing():
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
+    from . import native
+
     eager = native.module()
     if eager is not None:
         return eager.attention_qkvpacked(qkv, softmax_scale, fp32_delta)  # (B, H, N, d)

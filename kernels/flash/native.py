@@ -16,6 +16,7 @@ memory and each argument's type, from the compiled kernel's signature.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -35,6 +36,10 @@ _TYPE_CODES = {"i32": "i", "i64": "l", "fp32": "f", "constexpr": "c"}
 
 _module = None
 _failed: str | None = None
+_warned = False
+# The compiled kernels behind the C++ side's plans, kept alive: a plan holds only the raw CUfunction, and Triton
+# unloads a CompiledKernel's module when the object is collected (CompiledKernel.__del__).
+_PLANNED: set = set()
 
 
 def _checked(value: str, where: str) -> str:
@@ -87,21 +92,8 @@ def load(verbose: bool = False):
         module = cpp_extension.load(NAME, [str(CSRC)], extra_cflags=["-O2"], build_directory=str(folder),
                                     with_cuda=False, verbose=verbose)
         module.set_first_launch(_first_launch, LOG2E)
-        torch.library.register_fake("vit_flash_native::bwd_qkvpacked")(_bwd_qkvpacked_fake)
         _module = module
     return _module
-
-
-def _bwd_qkvpacked_fake(dout, qkv, out, lse, res, softmax_scale):
-    return qkv.new_empty(qkv.shape)  # (B, N, 3, H, d), contiguous as the C++ op's
-
-
-def bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale: float):
-    """``vit_flash_native::bwd_qkvpacked``: dqkv ``(B, N, 3, H, d)`` of a packed forward (``res``: fp32_delta's
-    residual or None), or None where :func:`module` says the Python path is to run."""
-    if module() is None:
-        return None
-    return torch.ops.vit_flash_native.bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale)
 
 
 def module():
@@ -112,24 +104,25 @@ def module():
     Raises:
         RuntimeError: ``native`` mode and the extension does not build.
     """
-    global _failed
+    global _failed, _warned
     which = _mode
     if which == "python" or _hooked() or (configs.INTERPRETED and which == "auto"):
         return None  # under the interpreter only ``native`` mode takes it (tests): every launch is then a first one
     if _module is not None:
         return _module
-    if _failed is not None and which == "auto":
-        return None
-    try:
-        return load()
-    except Exception as err:  # a compiler or loader error; auto mode keeps the Python launcher
-        _failed = f"{type(err).__name__}: {err}"
-        if which == "native":
-            raise RuntimeError(f"VIT_FLASH_LAUNCHER=native but the C++ launcher did not build: {_failed}") from err
+    if _failed is None:  # one try per process: a failed build is not retried on every call
+        try:
+            return load()
+        except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as err:  # no ninja or compiler, a build or load error
+            _failed = f"{type(err).__name__}: {err}"
+    if which == "native":
+        raise RuntimeError(f"VIT_FLASH_LAUNCHER=native but the C++ launcher did not build: {_failed}")
+    if not _warned:
+        _warned = True
         warnings.warn(f"flash: the C++ eager launcher did not build ({_failed.splitlines()[0]}); eager calls take "
-                      f"the Python launcher (same kernels, ~0.1 ms more CPU per call). Set VIT_FLASH_LAUNCHER=python "
+                      f"the Python launcher (same kernels, ~0.2 ms more CPU per call). Set VIT_FLASH_LAUNCHER=python "
                       f"to silence this.", RuntimeWarning, stacklevel=3)
-        return None
+    return None
 
 
 # slot -> (autotuned kernel per head-dim class, the block size that tiles N, extra constexprs from the flags)
@@ -153,7 +146,10 @@ def _first_launch(slot: int, q: torch.Tensor, args: tuple, flags: list) -> tuple
     compiled = kernel[lambda m: (triton.cdiv(N, m[block]) * B * H,)](*args, **meta)
     _announce(kernel, what, q, tuned_before)
     config = kernel.best_config
-    return plan(compiled, len(args), triton.cdiv(N, config.kwargs[block]) * B * H)
+    found = plan(compiled, len(args), triton.cdiv(N, config.kwargs[block]) * B * H)
+    if found is not None:
+        _PLANNED.add(compiled)
+    return found
 
 
 def plan(compiled, n_args: int, grid: int) -> tuple | None:

@@ -11,7 +11,9 @@ the kernels itself. ``bwd_qkvpacked`` is an opaque ``custom_op`` (why: at its re
 calls it as one extern kernel, also with no graph break. Under ``TRITON_INTERPRET=1`` all four are
 opaque ``custom_op``s with fake implementations (compile still has no graph break; the op runs
 eagerly inside the graph). Autograd is registered on the forward ops and saves ``q, k, v`` (or
-``qkv``), ``out`` and ``lse`` only. Eager calls skip the ops: :class:`EagerAttention` and
+``qkv``), ``out`` and ``lse`` only. Where the C++ launcher loads (:mod:`kernels.flash.native`), the packed forward's
+autograd formula calls ``vit_flash_native::bwd_qkvpacked`` instead of ``bwd_qkvpacked``: the same kernels, and a
+compiled graph's backward reaches them through the dispatcher with no Python in between (defined below). Eager calls skip the ops: :class:`EagerAttention` and
 :class:`EagerAttentionQKVPacked` run the same kernels under a ``torch.autograd.Function`` (why: at
 their definition). Inputs are assumed valid here; the checks live in :mod:`kernels.flash`.
 """
@@ -288,13 +290,39 @@ def _backward(ctx, dout, dlse, *dres):
     return dq, dk, dv, None
 
 
-def _backward_qkvpacked(ctx, dout, dlse, *dres):
+# vit_flash_native::bwd_qkvpacked(dout, qkv, out, lse, res?, softmax_scale) -> dqkv: the packed backward that the
+# packed forward op's autograd formula calls where the C++ launcher loads (kernels/flash/native.py). Its C++ kernel
+# (csrc/eager.cpp), registered for the CUDA key when the extension loads, takes precedence over the Python kernel
+# defined here for every device. The op is defined here, at import, so that a graph compiled in another process
+# (torch.compile's caches) finds it: the Python kernel then loads the extension, or runs the Python launcher.
+_NATIVE_LIB = torch.library.Library("vit_flash_native", "DEF")
+_NATIVE_LIB.define("bwd_qkvpacked(Tensor dout, Tensor qkv, Tensor out, Tensor lse, Tensor? res, float softmax_scale)"
+                   " -> Tensor")
+
+
+def _native_bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale):
     from . import native  # (native imports this module)
 
+    eager = native.module()
+    if eager is not None:
+        return eager.bwd_qkvpacked(dout, qkv, out, lse, res, softmax_scale)
+    return _bwd_qkvpacked(dout, qkv, out, lse, softmax_scale, True, res)
+
+
+_NATIVE_LIB.impl("bwd_qkvpacked", _native_bwd_qkvpacked, "CompositeExplicitAutograd")
+torch.library.register_fake("vit_flash_native::bwd_qkvpacked", lib=_NATIVE_LIB)(
+    lambda dout, qkv, out, lse, res, softmax_scale: qkv.new_empty(qkv.shape))  # (B, N, 3, H, d), contiguous
+
+
+def _backward_qkvpacked(ctx, dout, dlse, *dres):
+    from . import native
+
     qkv, out, lse, *res = ctx.saved_tensors
-    dqkv = native.bwd_qkvpacked(dout, qkv, out, lse, res[0] if res else None, ctx.softmax_scale)
-    if dqkv is not None:  # the C++ op: under torch.compile the graph calls it with no Python in between
-        return dqkv, None
+    # Not while a graph of the gradient is recorded (create_graph=True): the op has no autograd kernel (PyTorch's
+    # fallback would warn and pass undefined gradients on), where vit_flash::bwd_qkvpacked's second derivative raises.
+    if not torch.is_grad_enabled() and native.module() is not None:
+        return torch.ops.vit_flash_native.bwd_qkvpacked(dout, qkv, out, lse, res[0] if res else None,
+                                                        ctx.softmax_scale), None
     bwd_op = torch.ops.vit_flash.bwd_qkvpacked_fp32_delta if res else torch.ops.vit_flash.bwd_qkvpacked
     return bwd_op(dout, qkv, out, lse, *res, ctx.softmax_scale), None
 

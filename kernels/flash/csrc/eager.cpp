@@ -1,10 +1,10 @@
 // Eager flash attention with no Python between the call and the kernels: the autograd node, the
 // allocations and the launches of the compiled Triton kernels, in C++.
 //
-// Why: a Python autograd.Function plus three launches through Triton's Python wrapper cost
-// 0.23-0.31 ms of CPU per forward+backward on the H200's host, SDPA 0.15-0.19 ms
-// (benchmarks/results/launch_overhead_h200_direct.log); at ViT sizes the GPU work per call is of
-// the same order, so at batch 16 the GPU waits for Python.
+// Why: at ViT sizes the GPU work of one call is about what Python costs to launch it, so at batch 16
+// the GPU waits for Python. One forward+backward at (256, 12, 197, 64), measured on the H200's host in
+// one run: 0.183 ms of CPU through this file, 0.404 ms through the Python autograd.Function and
+// launcher, 0.183 ms for SDPA (benchmarks/results/flash_native_h200/launch_overhead.log).
 //
 // How: every launch has a key (kernel slot, device, q's shape, the integer arguments, each tensor's
 // dtype and 16-byte alignment, the constexpr flags): everything Triton specialises a compiled kernel
@@ -19,11 +19,13 @@
 // the torch.library ops (torch.compile's path) use; the GPU tests compare the two paths bitwise.
 // No CUDA headers are needed: the few driver types are declared here and libcuda is opened at the
 // first launch, so the file builds with a plain C++ compiler on any machine with torch.
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/extension.h>
 
 #include <dlfcn.h>
 
 #include <array>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -75,7 +77,7 @@ struct Args {  // one launch's arguments in the kernel's order: tensors, then fl
 };
 
 struct Plan {
-  CUfunction function = nullptr;  // nullptr: this key always takes Triton's own path
+  CUfunction function = nullptr;  // nullptr: this key always takes Triton's own path; alive: native._PLANNED
   unsigned grid = 0, block = 0, shared = 0;
   std::string types;  // per argument: 'p' pointer, 'i' int32, 'l' int64, 'f' fp32, 'c' baked in (not passed)
 };
@@ -89,10 +91,10 @@ struct KeyHash {
 };
 
 std::mutex plans_mutex;
-std::unordered_map<std::vector<int64_t>, Plan, KeyHash> plans;
+std::unordered_map<std::vector<int64_t>, std::shared_ptr<const Plan>, KeyHash> plans;
 py::object* first_launch = nullptr;  // Python's kernels.flash.native._first_launch; never freed (exit order)
 double log2e = 0.0;                  // kernels.flash.kernels.LOG2E, set with the handler
-int64_t direct_launches = 0;         // launches that skipped Python (tests read it)
+std::atomic<int64_t> direct_launches{0};  // launches that skipped Python (tests read it; any thread)
 
 std::vector<int64_t> key_of(Slot slot, const at::Tensor& q, const Args& a) {
   std::vector<int64_t> key = {slot, q.get_device()};
@@ -128,6 +130,7 @@ Plan launch_through_python(Slot slot, const at::Tensor& q, const Args& a) {
 }
 
 void launch_direct(const Plan& p, const Args& a, const at::Device& device) {
+  if (p.grid == 0) return;  // B·H = 0: Triton's launcher skips an empty grid, cuLaunchKernel would fail on it
   union Value { void* ptr; int32_t i32; int64_t i64; float f32; };
   std::array<Value, 66> values;
   std::array<void*, 66> params;
@@ -159,14 +162,14 @@ void launch_direct(const Plan& p, const Args& a, const at::Device& device) {
 
 void launch(Slot slot, const at::Tensor& q, const Args& a) {
   auto key = key_of(slot, q, a);
-  const Plan* found = nullptr;
+  std::shared_ptr<const Plan> found;  // a copy of the pointer, taken under the lock: clear_plans cannot free it
   {
     std::lock_guard<std::mutex> lock(plans_mutex);
     auto it = plans.find(key);
-    if (it != plans.end()) found = &it->second;  // map nodes never move: the pointer stays valid
+    if (it != plans.end()) found = it->second;
   }
   if (found != nullptr && found->function != nullptr) return launch_direct(*found, a, q.device());
-  Plan fresh = launch_through_python(slot, q, a);
+  auto fresh = std::make_shared<const Plan>(launch_through_python(slot, q, a));
   if (found == nullptr) {
     std::lock_guard<std::mutex> lock(plans_mutex);
     plans.emplace(std::move(key), std::move(fresh));
@@ -225,10 +228,19 @@ at::Tensor residual_for(const at::Tensor& q, bool keep_res) {
   return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);  // as out
 }
 
-void check_first_order() {
-  TORCH_CHECK(!torch::autograd::GradMode::is_enabled(),
-              "flash attention: the second derivative (create_graph=True through the gradient) is not implemented; "
-              "use attention=sdpa or attention=naive for double backward");
+// The gradients as torch.autograd.function.once_differentiable leaves them (the Python path's): where a graph of
+// them is being recorded (create_graph=True) and dout is part of it, detached aliases behind a DelayedError node,
+// so that the first derivative is returned and a second one raises when it is taken, not before.
+variable_list once_differentiable(variable_list grads, const at::Tensor& dout) {
+  if (!torch::autograd::GradMode::is_enabled() || !dout.requires_grad()) return grads;
+  for (auto& g : grads) {
+    if (g.defined()) g = g.detach().requires_grad_(true);
+  }
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      "flash attention: trying to differentiate twice: the second derivative (create_graph=True through the "
+      "gradient) is not implemented; use attention=sdpa or attention=naive for double backward",
+      static_cast<int64_t>(grads.size()));
+  return (*error)(std::move(grads));
 }
 
 std::array<at::Tensor, 3> split_qkv(const at::Tensor& qkv) {  // (B, N, 3, H, d) -> 3 × (B, H, N, d) views
@@ -250,13 +262,13 @@ struct Attention : public torch::autograd::Function<Attention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_first_order();
     auto s = ctx->get_saved_variables();  // q, k, v, out, lse, res
     auto dq = at::empty(s[0].sizes(), s[0].options());
     auto dk = at::empty(s[1].sizes(), s[1].options());
     auto dv = at::empty(s[2].sizes(), s[2].options());
     backward_kernels(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], ctx->saved_data["scale"].toDouble(), dq, dk, dv);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    auto d = once_differentiable({dq, dk, dv}, grads[0]);
+    return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -271,13 +283,12 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_first_order();
     auto s = ctx->get_saved_variables();  // qkv, out, lse, res
     auto dqkv = at::empty(s[0].sizes(), s[0].options());  // (B, N, 3, H, d): the three gradients in place
     auto [q, k, v] = split_qkv(s[0]);
     auto [dq, dk, dv] = split_qkv(dqkv);
     backward_kernels(grads[0], q, k, v, s[1], s[2], s[3], ctx->saved_data["scale"].toDouble(), dq, dk, dv);
-    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {once_differentiable({dqkv}, grads[0])[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -299,9 +310,10 @@ at::Tensor attention_qkvpacked(const at::Tensor& qkv, double scale, bool fp32_de
   return AttentionQKVPacked::apply(qkv, scale, fp32_delta, wants_res(fp32_delta, {&qkv}));
 }
 
-// The packed backward as a dispatcher op, vit_flash_native::bwd_qkvpacked: what the torch.library autograd formula
-// of vit_flash::fwd_qkvpacked calls (kernels/flash/op.py), so that a torch.compile graph's backward reaches the
-// kernels through the dispatcher and this file, not through a Python custom op.
+// The packed backward: the CUDA (and, for the interpreter's tests, CPU) kernel of vit_flash_native::bwd_qkvpacked,
+// the op that the torch.library autograd formula of vit_flash::fwd_qkvpacked calls (kernels/flash/op.py defines it,
+// with a Python kernel for every device until this file is loaded). A torch.compile graph's backward then reaches
+// the kernels through the dispatcher and this file, not through a Python custom op.
 at::Tensor bwd_qkvpacked_op(const at::Tensor& dout, const at::Tensor& qkv, const at::Tensor& out, const at::Tensor& lse,
                             const std::optional<at::Tensor>& res, double softmax_scale) {
   c10::DeviceGuard guard(qkv.device());
@@ -335,13 +347,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_first_launch", &set_first_launch, "install the Python handler of a key's first launch, and LOG2E");
   m.def("direct_launch_count", &direct_launch_count, "launches so far that did not go through Python");
   m.def("clear_plans", &clear_plans, "forget every cached plan (the next launch of each key goes through Python)");
+  m.def("bwd_qkvpacked", &bwd_qkvpacked_op, "dqkv (B, N, 3, H, d) of a packed forward; res: fp32_delta's or None",
+        py::arg("dout"), py::arg("qkv"), py::arg("out"), py::arg("lse"), py::arg("res"), py::arg("softmax_scale"));
 }
 
-TORCH_LIBRARY(vit_flash_native, m) {
-  m.def("bwd_qkvpacked(Tensor dout, Tensor qkv, Tensor out, Tensor lse, Tensor? res, float softmax_scale) -> Tensor");
+// A kernel registered for a backend key takes precedence over the op's CompositeExplicitAutograd Python kernel.
+TORCH_LIBRARY_IMPL(vit_flash_native, CUDA, m) {
+  m.impl("bwd_qkvpacked", &bwd_qkvpacked_op);
 }
 
-// Any device: CUDA on a GPU, the CPU under Triton's interpreter (tests; every launch then goes through Python).
-TORCH_LIBRARY_IMPL(vit_flash_native, CompositeExplicitAutograd, m) {
+// The CPU: under Triton's interpreter (tests), where every launch goes through Python.
+TORCH_LIBRARY_IMPL(vit_flash_native, CPU, m) {
   m.impl("bwd_qkvpacked", &bwd_qkvpacked_op);
 }
