@@ -2,8 +2,10 @@
 
 Source: Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
 Partitioning", Algorithms 1 and 2; kernels in :mod:`kernels.flash.kernels`, autotune lists in
-:mod:`kernels.flash.configs`, ``torch.library`` ops (what ``torch.compile`` traces) and the eager
-``autograd.Function`` in :mod:`kernels.flash.op`.
+:mod:`kernels.flash.configs`, ``torch.library`` ops (what ``torch.compile`` traces) in :mod:`kernels.flash.op`.
+Eager calls run the same kernels from C++ (:mod:`kernels.flash.native`: autograd node and direct launches), or,
+with ``VIT_FLASH_LAUNCHER=python`` or where that does not build, under the Python ``autograd.Function`` of
+:mod:`kernels.flash.op`.
 
 Contract: see :mod:`kernels`. This backend's limits:
 

@@ -13,8 +13,9 @@ opaque ``custom_op``s with fake implementations (compile still has no graph brea
 eagerly inside the graph). Autograd is registered on the forward ops and saves ``q, k, v`` (or
 ``qkv``), ``out`` and ``lse`` only. Where the C++ launcher loads (:mod:`kernels.flash.native`), the packed forward's
 autograd formula calls ``vit_flash_native::bwd_qkvpacked`` instead of ``bwd_qkvpacked``: the same kernels, and a
-compiled graph's backward reaches them through the dispatcher with no Python in between (defined below). Eager calls skip the ops: :class:`EagerAttention` and
-:class:`EagerAttentionQKVPacked` run the same kernels under a ``torch.autograd.Function`` (why: at
+compiled graph's backward reaches them through the dispatcher with no Python in between (defined below).
+Eager calls skip the ops: the C++ path of :mod:`kernels.flash.native`, or here :class:`EagerAttention` and
+:class:`EagerAttentionQKVPacked`, which run the same kernels under a ``torch.autograd.Function`` (why: at
 their definition). Inputs are assumed valid here; the checks live in :mod:`kernels.flash`.
 """
 from __future__ import annotations
