@@ -80,7 +80,7 @@ class Launcher:
     def __call__(self, key: tuple, extent: tuple, args: tuple, meta_fn: Callable[[], dict]) -> bool:
         plan = self.plans.get(key)
         if plan is not None and not _hooked():
-            run, function, packed, grid, tail = plan
+            run, function, packed, grid, tail, _ = plan
             run(*grid, _stream(key[0]), function, packed, None, None, None, *args, *tail)
             self.direct_calls += 1
             return True
@@ -97,5 +97,6 @@ class Launcher:
             return
         grid = tuple(self.grid(extent, full)) + (1, 1)
         tail = tuple(full[n] for n in self.arg_names[len(args):])
-        self.plans[key] = (compiled.run, compiled.function, compiled.packed_metadata, grid[:3], tail)
+        # the compiled kernel itself last: it unloads its module when collected (CompiledKernel.__del__)
+        self.plans[key] = (compiled.run, compiled.function, compiled.packed_metadata, grid[:3], tail, compiled)
 
