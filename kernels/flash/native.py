@@ -2,7 +2,7 @@
 Python per call once a launch's key has been seen.
 
 The extension is compiled on first use (a C++ compiler and torch's headers; no CUDA toolkit: the few driver
-types it needs are declared in the file) into ``$VIT_KERNELS_BUILD_DIR`` or ``~/.cache/vit-kernels/<torch>/``,
+types it needs are declared in the file) into ``$VIT_KERNELS_BUILD_DIR`` or ``~/.cache/vit-kernels/<torch build>-<python>/``,
 and reloaded from there afterwards; ``python -m kernels.flash.native`` builds it ahead of time.
 ``VIT_FLASH_LAUNCHER`` picks the eager path: ``auto`` (default: the C++ path where it builds, else the
 Python one with one warning), ``native`` (the C++ path or an error), ``python`` (the Python
@@ -69,7 +69,8 @@ def set_mode(value: str) -> str:
 
 
 def build_dir() -> Path:
-    tag = f"torch{torch.__version__.split('+')[0]}-py{sys.version_info.major}{sys.version_info.minor}"
+    """Where the extension is built: one folder per torch build (its CUDA variant included) and Python version."""
+    tag = f"torch{torch.__version__.replace('+', '-')}-py{sys.version_info.major}{sys.version_info.minor}"
     path = Path(os.environ.get("VIT_KERNELS_BUILD_DIR", Path.home() / ".cache" / "vit-kernels" / tag)) / NAME
     path.mkdir(parents=True, exist_ok=True)
     return path
