@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks.common import (
     DEFAULT_OUT,
     MiB,
+    cli,
     environment,
     error_text,
     free_memory,
@@ -292,4 +293,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

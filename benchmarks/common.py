@@ -33,6 +33,15 @@ def has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def cli(main: Callable[[], object]) -> None:
+    """Run a benchmark's ``main()`` from the command line: a bad argument (``ValueError``, e.g. a GPU-sized preset
+    on a CPU) ends the program with its one-line message and exit status 1, not a traceback."""
+    try:
+        main()
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
 def timer_name(device: str = "cuda") -> str:
     """What the numbers were measured with; printed beside every result."""
     if device == "cuda" and has_cuda():

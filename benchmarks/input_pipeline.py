@@ -137,6 +137,11 @@ def run_pipeline(args, env) -> dict:
     """Measure every (path, worker count); write ``<out>/<name>.json`` and ``.md``."""
     from benchmarks.common import error_text
 
+    batch = args.batch_size or 256
+    if args.data_dir is None and args.num_images < batch:
+        raise ValueError(f"--num-images {args.num_images} is below the batch size {batch}: the loader keeps full "
+                         f"batches only, so nothing would be timed; give --batch-size {args.num_images} or less, or "
+                         f"more images")
     if args.data_dir is None:
         sizes = image_sizes(args.num_images, args.gen_size)
         mean_h, mean_w = np.mean(sizes, axis=0)
@@ -146,7 +151,7 @@ def run_pipeline(args, env) -> dict:
                   f" ({'all ' + tag if args.gen_size else ', '.join(f'{w}×{h} {s:.0%}' for w, h, s in IMAGENET_SIZES)})")
     else:
         root, source = train_split(args.data_dir), str(args.data_dir)
-    batch, cfg = args.batch_size or 256, data_config(args)
+    cfg = data_config(args)
     config = {"data": source, "root": str(root), "batch": batch, "workers": args.workers, "img_size": args.img_size,
               "paths": args.paths, "max_side": args.max_side, "transform": None, "prepare_s": None}
     roots, rows = {"cpu": root, "gpu": root}, []

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from benchmarks.common import (
     DEFAULT_OUT,
     GiB,
+    cli,
     environment,
     error_text,
     free_memory,
@@ -476,4 +477,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -93,6 +93,18 @@ def test_bad_grid_and_gradients_are_refused():
         attention_stats(q.requires_grad_(), k, v, (4, 4), 16, 1)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the no-GPU error needs a machine without one")
+def test_the_no_gpu_error_names_analyzes_option(monkeypatch):
+    """analyze.py has a stats= key, not attention=: the fused kernel's no-GPU error says which to use."""
+    from kernels.flash import configs
+    from kernels.flash.stats import attention_stats
+
+    monkeypatch.setattr(configs, "INTERPRETED", False)
+    q, k, v = make_qkv(1, 1, 17, 16, requires_grad=False)
+    with pytest.raises(RuntimeError, match=r"use stats=naive \(analyze.py\)"):
+        attention_stats(q, k, v, (4, 4), 16, 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("N", [197, 577, 1025, 4097])

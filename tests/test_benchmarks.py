@@ -188,6 +188,24 @@ def test_train_time_budget_marks_rows_not_run(tmp_path):
     assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
 
 
+def test_input_pipeline_refuses_fewer_images_than_a_batch(tmp_path):
+    with pytest.raises(ValueError, match="--num-images 3 is below the batch size 4"):
+        train_bench.main(["--input-pipeline", "--workers", "0", "--num-images", "3", "--batch-size", "4",
+                          "--out", str(tmp_path)])
+
+
+def test_a_bad_argument_ends_the_command_line_with_its_message():
+    """benchmarks.common.cli: a ValueError from main() is one line and exit status 1, not a traceback."""
+    from benchmarks.common import cli
+
+    def main():
+        raise ValueError("--preset main is sized for a GPU")
+
+    with pytest.raises(SystemExit) as stop:
+        cli(main)
+    assert str(stop.value) == "error: --preset main is sized for a GPU"
+
+
 def test_input_pipeline_smoke(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the generated folder and its prepared copy
     result = train_bench.main(["--input-pipeline", "--workers", "0", "1", "--num-images", "20", "--batch-size", "4",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -108,6 +109,11 @@ def extension(verbose: bool = False):
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     archs = os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
     defines = ["-DVITK_SM90A"] if has_sm90(archs) else []
+    folder = build_dir()
+    if not any(folder.glob(f"{NAME}*.so")):
+        print(f"[cuda] building {NAME} for TORCH_CUDA_ARCH_LIST={archs}: {len(sources(archs))} translation units "
+              f"with nvcc, several minutes the first time (MAX_JOBS sets the parallelism), in {folder}",
+              file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(
             name=NAME,
@@ -115,7 +121,7 @@ def extension(verbose: bool = False):
             extra_cflags=CXX_FLAGS + defines,
             extra_cuda_cflags=NVCC_FLAGS + defines,
             extra_include_paths=[str(CSRC)],
-            build_directory=str(build_dir()),
+            build_directory=str(folder),
             verbose=verbose,
         )
     except Exception as exc:

@@ -45,7 +45,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, names=("q", "k", "v")) -> float:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, names=("q", "k", "v"),
+           instead: str = "attention=sdpa or attention=naive") -> float:
+    """The checks of :func:`attention`; ``instead``: what a non-GPU error suggests (analyze.py's statistics differ)."""
     for name, t in zip(names, (q, k, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -70,7 +72,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale, nam
         raise RuntimeError(
             f"flash attention needs a CUDA GPU but the inputs are on {q.device}"
             + ("" if torch.cuda.is_available() else " and no CUDA GPU is visible")
-            + "; move them to a GPU, use attention=sdpa or attention=naive, or set TRITON_INTERPRET=1 "
+            + f"; move them to a GPU, use {instead}, or set TRITON_INTERPRET=1 "
             "before importing kernels.flash to run Triton's (slow) interpreter on the CPU")
     if softmax_scale is None:
         return d ** -0.5

@@ -157,7 +157,7 @@ def attention_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid_size
         RuntimeError: as :func:`kernels.flash.attention`; gradients requested (forward only: call under
             ``torch.no_grad()``).
     """
-    softmax_scale = _check(q, k, v, softmax_scale)
+    softmax_scale = _check(q, k, v, softmax_scale, instead="stats=naive (analyze.py)")
     B, H, N, d = q.shape
     grid_w = check_grid(N, grid_size, patch_size, num_prefix_tokens)[1]
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
