@@ -22,12 +22,11 @@ import warnings
 from pathlib import Path
 
 import torch
-import triton
 
 from . import configs
 from .kernels import LOG2E
 from .launch import _hooked
-from .op import _announce, _meta
+from .op import _announce, _dkdv_meta, _dq_meta, _fwd_meta, _tiles_grid
 
 CSRC = Path(__file__).resolve().parent / "csrc" / "eager.cpp"
 NAME = "vit_flash_eager"
@@ -126,11 +125,12 @@ def module():
     return None
 
 
-# slot -> (autotuned kernel per head-dim class, the block size that tiles N, extra constexprs from the flags)
+# slot -> (autotuned kernel per head-dim class, the block size that tiles N, its name in tuning messages, its
+# constexprs from q and the flags): as kernels.flash.op's launch_fwd / launch_dq / launch_dkdv
 _SLOTS = {
-    0: (configs.FWD, "BLOCK_M", "fwd", lambda flags: {"STORE_RES": bool(flags[0]), "UNSCALED_MAX": bool(flags[1])}),
-    1: (configs.DQ, "BLOCK_M2", "bwd dq", lambda flags: {"ADD_RES": bool(flags[0])}),
-    2: (configs.DKDV, "BLOCK_N1", "bwd dk/dv", lambda flags: {}),
+    0: (configs.FWD, "BLOCK_M", "fwd", _fwd_meta),
+    1: (configs.DQ, "BLOCK_M2", "bwd dq", _dq_meta),
+    2: (configs.DKDV, "BLOCK_N1", "bwd dk/dv", _dkdv_meta),
 }
 
 
@@ -139,15 +139,14 @@ def _first_launch(slot: int, q: torch.Tensor, args: tuple, flags: list) -> tuple
     floats, ints in the kernel's order), then return its plan ``(function, grid, block, shared, types)``,
     or None if the compiled kernel needs what the C++ launch does not do (scratch memory, clusters, PDL,
     a launch hook); the key then takes this path on every call."""
-    tuners, block, what, extra = _SLOTS[slot]
+    tuners, block, what, meta = _SLOTS[slot]
     kernel = tuners[configs.head_dim_class(q.shape[-1])]
     B, H, N = q.shape[:3]
-    meta = {**_meta(q), **extra(flags)}
+    grid = _tiles_grid(block)
     tuned_before = len(kernel.cache)
-    compiled = kernel[lambda m: (triton.cdiv(N, m[block]) * B * H,)](*args, **meta)
+    compiled = kernel[lambda m: grid((B * H, N), m)](*args, **meta(q, flags))
     _announce(kernel, what, q, tuned_before)
-    config = kernel.best_config
-    found = plan(compiled, len(args), triton.cdiv(N, config.kwargs[block]) * B * H)
+    found = plan(compiled, len(args), grid((B * H, N), kernel.best_config.kwargs)[0])
     if found is not None:
         _PLANNED.add(compiled)
     return found

@@ -91,6 +91,20 @@ def _meta(q):
     return {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32}
 
 
+# Each kernel's constexprs of one launch, from q and the launch's flags (the constexprs that shapes and strides do not
+# fix): what launch_fwd / launch_dq / launch_dkdv pass, and what the C++ path's first launches pass (kernels.flash.native).
+def _fwd_meta(q, flags) -> dict:  # flags: (STORE_RES, UNSCALED_MAX)
+    return {**_meta(q), "STORE_RES": bool(flags[0]), "UNSCALED_MAX": bool(flags[1])}
+
+
+def _dq_meta(q, flags) -> dict:  # flags: (ADD_RES,)
+    return {**_meta(q), "ADD_RES": bool(flags[0])}
+
+
+def _dkdv_meta(q, flags) -> dict:  # flags: ()
+    return _meta(q)
+
+
 def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None, unscaled=False):
     """Run the forward kernel through ``tuner`` (an autotuned flash_fwd_kernel), writing out, lse
     (and ``res``, out's rounding residual, when given: laid out as out). ``unscaled`` (always with ``res``):
@@ -100,7 +114,7 @@ def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None, 
     unscaled = unscaled or store_res
     _launch(tuner, "BLOCK_M", "fwd", q, (q, k, v, out, lse, res if store_res else out), (softmax_scale * LOG2E,),
             (*q.stride(), *k.stride(), *v.stride(), *out.stride(), q.shape[1], N, configs.n_bucket(N)),
-            lambda: {**_meta(q), "STORE_RES": store_res, "UNSCALED_MAX": unscaled}, direct, (store_res, unscaled))
+            lambda: _fwd_meta(q, (store_res, unscaled)), direct, (store_res, unscaled))
 
 
 def launch_preprocess(out, do, delta, direct=False, res=None):
@@ -118,7 +132,7 @@ def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=Fa
     _launch(tuner, "BLOCK_N1", "bwd dk/dv", q, (q, k, v, do, dk, dv, lse, delta),
             (softmax_scale, softmax_scale * LOG2E),
             (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-             q.shape[1], N, configs.n_bucket(N)), lambda: _meta(q), direct)
+             q.shape[1], N, configs.n_bucket(N)), lambda: _dkdv_meta(q, ()), direct)
 
 
 def launch_dq(tuner, q, k, v, do, dq, out, lse, delta, softmax_scale, direct=False, res=None):
@@ -128,7 +142,7 @@ def launch_dq(tuner, q, k, v, do, dq, out, lse, delta, softmax_scale, direct=Fal
     _launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, dq, out, res if add_res else out, lse, delta),
             (softmax_scale, softmax_scale * LOG2E),
             (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *out.stride(),
-             q.shape[1], N, configs.n_bucket(N)), lambda: {**_meta(q), "ADD_RES": add_res}, direct, (add_res,))
+             q.shape[1], N, configs.n_bucket(N)), lambda: _dq_meta(q, (add_res,)), direct, (add_res,))
 
 
 def _empty_out(q: torch.Tensor) -> torch.Tensor:
