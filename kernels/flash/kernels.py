@@ -20,6 +20,11 @@ head dim, ``HEAD_DIM_PADDED`` the next power of two (at least 16) that ``tl.dot`
 padded columns are masked on load (read as 0) and on store, so no padded copy is made in HBM.
 Sequence ends: the loops run over full tiles without masks and handle the last partial tile in a
 separate masked step (padded keys get score −inf, padded query rows read as 0 and are not stored).
+A last tile of at most ``TAIL`` = 16 rows or keys is handled as a 16-wide tile instead of a full one
+(:func:`_short_tail`): a ViT's N = n_patches + 1 is 64·k + 1 (or 197 = 3·64 + 5), so with full tiles its
+class token alone costs a whole 64- or 128-row tile in every kernel, the last query tile of every head
+and the last key step of every program (at N = 197 with 64-wide tiles: 256 padded rows and keys where
+208 now do).
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ import triton.language as tl
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · LOG2E); a float for the launchers
 _LOG2E = tl.constexpr(LOG2E)  # the same, as a constexpr the kernels can read
 _LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log(x) = log2(x) · ln(2)
+TAIL = 16  # rows or keys of a short last tile: tl.dot's smallest extent
+_TAIL = tl.constexpr(TAIL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,6 +61,13 @@ def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.const
         return tl.load(ptrs, mask=col_mask, other=0.0)
     else:
         return tl.load(ptrs)
+
+
+@triton.jit
+def _short_tail(start, N, BLOCK: tl.constexpr):
+    """Whether the tile starting at row or key ``start`` is a last one of at most TAIL valid entries
+    (then a TAIL-wide tile covers it; see the module docstring)."""
+    return (BLOCK > _TAIL) & (N - start <= _TAIL)
 
 
 @triton.jit
@@ -101,6 +115,49 @@ def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
 
 
 @triton.jit
+def _fwd_rows(Q_base, K_base, V_base, O_base, Lse_base, R_base, row0, N, qk_scale,
+              stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_on, stride_od,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, STORE_RES: tl.constexpr,
+              UNSCALED_MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Algorithm 1 for query rows row0 … row0 + ROWS − 1 of one (batch, head): stream every K/V tile,
+    then write those rows' out, lse (and res)."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    offs_m = row0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_m[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
+
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PADDED], dtype=tl.float32)
+    n_full = (N // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N), offs_d,
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, UNSCALED_MAX)
+    if _short_tail(n_full, N, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, _TAIL), offs_d,
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, UNSCALED_MAX)
+    elif n_full < N:
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
+                                  stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N), offs_d,
+                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, UNSCALED_MAX)
+
+    acc = acc / l_i[:, None]
+    if UNSCALED_MAX:
+        m_i = m_i * qk_scale
+    lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
+    tl.store(Lse_base + offs_m, lse, mask=offs_m < N)
+    o_offs = offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o = acc.to(O_base.dtype.element_ty)
+    tl.store(O_base + o_offs, o, mask=row_mask & d_mask)
+    if STORE_RES:
+        tl.store(R_base + o_offs, (acc - o.to(tl.float32)).to(O_base.dtype.element_ty), mask=row_mask & d_mask)
+
+
+@triton.jit
 def flash_fwd_kernel(
     Q, K, V, Out, Lse, Res, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -120,7 +177,6 @@ def flash_fwd_kernel(
     out that the residual would then preserve. Without fp32_delta the FMA form stays: UNSCALED_MAX was no
     faster anywhere (H200, bf16, forward at (8, 16, 4096, 128) 2.30-2.35 ms against 2.26-2.51, at
     (32, 12, 1024, 128) 0.50 against 0.48) and out's bf16 rounding dwarfs the difference."""
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     qk_scale = tl.cast(qk_scale, tl.float32)  # Inductor passes Python floats as fp64
     start_m, off_bh = _tile_and_head(N, BLOCK_M)
     off_b = (off_bh // H).to(tl.int64)
@@ -128,37 +184,17 @@ def flash_fwd_kernel(
     Q_base = Q + off_b * stride_qb + off_h * stride_qh
     K_base = K + off_b * stride_kb + off_h * stride_kh
     V_base = V + off_b * stride_vb + off_h * stride_vh
-
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_m[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
-    q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    n_full = (N // BLOCK_N) * BLOCK_N
-    for start_n in range(0, n_full, BLOCK_N):
-        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
-                                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, UNSCALED_MAX)
-    if n_full < N:
-        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, K_base, V_base, n_full, N, qk_scale,
-                                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, UNSCALED_MAX)
-
-    acc = acc / l_i[:, None]
-    if UNSCALED_MAX:
-        m_i = m_i * qk_scale
-    lse = (m_i + tl.math.log2(l_i)) * _LN2  # natural log
-    tl.store(Lse + off_bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
-    o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    o = acc.to(Out.dtype.element_ty)
-    tl.store(Out + o_offs, o, mask=row_mask & d_mask)
-    if STORE_RES:
-        tl.store(Res + o_offs, (acc - o.to(tl.float32)).to(Out.dtype.element_ty), mask=row_mask & d_mask)
+    o_offs = off_b * stride_ob + off_h * stride_oh
+    Lse_base = Lse + off_bh.to(tl.int64) * N
+    row0 = start_m * BLOCK_M
+    if _short_tail(row0, N, BLOCK_M):
+        _fwd_rows(Q_base, K_base, V_base, Out + o_offs, Lse_base, Res + o_offs, row0, N, qk_scale,
+                  stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_on, stride_od,
+                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, STORE_RES, UNSCALED_MAX, _TAIL, BLOCK_N)
+    else:
+        _fwd_rows(Q_base, K_base, V_base, Out + o_offs, Lse_base, Res + o_offs, row0, N, qk_scale,
+                  stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd, stride_on, stride_od,
+                  HEAD_DIM, HEAD_DIM_PADDED, IEEE, STORE_RES, UNSCALED_MAX, BLOCK_M, BLOCK_N)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +256,44 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
 
 
 @triton.jit
+def _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, Delta_base, col0, N,
+                   softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                   stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+                   COLS: tl.constexpr, BLOCK_M1: tl.constexpr):
+    """dK, dV of keys col0 … col0 + COLS − 1 of one (batch, head), looping over every query tile."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    offs_n = col0 + tl.arange(0, COLS)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_n[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    k = _load(K_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, row_mask, d_mask, True, PAD_D)
+    v = _load(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, row_mask, d_mask, True, PAD_D)
+    dk = tl.zeros([COLS, HEAD_DIM_PADDED], dtype=tl.float32)  # (COLS, D)
+    dv = tl.zeros([COLS, HEAD_DIM_PADDED], dtype=tl.float32)
+    m_full = (N // BLOCK_M1) * BLOCK_M1
+    for start_m in range(0, m_full, BLOCK_M1):
+        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
+                                stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, BLOCK_M1), offs_d,
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+    if _short_tail(m_full, N, BLOCK_M1):
+        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
+                                stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, _TAIL), offs_d,
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+    elif m_full < N:
+        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
+                                stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, BLOCK_M1), offs_d,
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+
+    dk = dk * softmax_scale
+    mask = row_mask & d_mask
+    tl.store(DK_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dk.to(DK_base.dtype.element_ty),
+             mask=mask)
+    tl.store(DV_base + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd, dv.to(DV_base.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
 def flash_bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -233,43 +307,29 @@ def flash_bwd_dkdv_kernel(
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N1)·B·H,). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_n, off_bh = _tile_and_head(N, BLOCK_N1)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
     Q_base = Q + off_b * stride_qb + off_h * stride_qh
+    K_base = K + off_b * stride_kb + off_h * stride_kh
+    V_base = V + off_b * stride_vb + off_h * stride_vh
     DO_base = DO + off_b * stride_dob + off_h * stride_doh
+    DK_base = DK + off_b * stride_dkb + off_h * stride_dkh
+    DV_base = DV + off_b * stride_dvb + off_h * stride_dvh
     Lse_base = Lse + off_bh.to(tl.int64) * N
     Delta_base = Delta + off_bh.to(tl.int64) * N
-
-    offs_n = start_n * BLOCK_N1 + tl.arange(0, BLOCK_N1)
-    offs_m = tl.arange(0, BLOCK_M1)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_n[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
-    k = _load(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-              row_mask, d_mask, True, PAD_D)  # (BLOCK_N1, D)
-    v = _load(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-              row_mask, d_mask, True, PAD_D)
-    dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    m_full = (N // BLOCK_M1) * BLOCK_M1
-    for start_m in range(0, m_full, BLOCK_M1):
-        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
-                                stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
-                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
-    if m_full < N:
-        dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
-                                stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
-                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
-
-    dk = dk * softmax_scale
-    mask = row_mask & d_mask
-    tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=mask)
-    tl.store(DV + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
-             dv.to(DV.dtype.element_ty), mask=mask)
+    col0 = start_n * BLOCK_N1
+    if _short_tail(col0, N, BLOCK_N1):
+        _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, Delta_base, col0, N,
+                       softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                       stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, _TAIL, BLOCK_M1)
+    else:
+        _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, Delta_base, col0, N,
+                       softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                       stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
+                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, BLOCK_N1, BLOCK_M1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +358,47 @@ def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
 
 
 @triton.jit
+def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_base, Delta_base, row0, N,
+                 softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                 stride_don, stride_dod, stride_dqn, stride_dqd, stride_on, stride_od,
+                 HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, ADD_RES: tl.constexpr,
+                 ROWS: tl.constexpr, BLOCK_N2: tl.constexpr):
+    """delta and dQ of query rows row0 … row0 + ROWS − 1 of one (batch, head), looping over every key tile."""
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
+    offs_m = row0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    row_mask = offs_m[:, None] < N
+    d_mask = offs_d[None, :] < HEAD_DIM
+    q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
+    do = _load(DO_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
+    o_offs = offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o = _load(O_base + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)  # (ROWS, D)
+    if ADD_RES:
+        o += _load(R_base + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)
+    delta = tl.sum(o * do.to(tl.float32), 1)  # (ROWS,) Algorithm 2, line 4; 0 on padded rows
+    tl.store(Delta_base + offs_m, delta, mask=offs_m < N)
+    lse = tl.load(Lse_base + offs_m, mask=offs_m < N, other=0.0) * _LOG2E
+    dq = tl.zeros([ROWS, HEAD_DIM_PADDED], dtype=tl.float32)
+    n_full = (N // BLOCK_N2) * BLOCK_N2
+    for start_n in range(0, n_full, BLOCK_N2):
+        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
+                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+    if _short_tail(n_full, N, BLOCK_N2):
+        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
+                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, _TAIL), offs_d,
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+    elif n_full < N:
+        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
+                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+
+    dq = dq * softmax_scale
+    tl.store(DQ_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq.to(DQ_base.dtype.element_ty),
+             mask=row_mask & d_mask)
+
+
+@triton.jit
 def flash_bwd_dq_kernel(
     Q, K, V, DO, DQ, Out, Res, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -312,41 +413,26 @@ def flash_bwd_dq_kernel(
 ):
     """Grid (cdiv(N, BLOCK_M2)·B·H,). Writes Delta = rowsum(dO ∘ O) (float32, (B, H, N); O = Out, or
     Out + Res where ``ADD_RES``, Res laid out as Out) and dQ = scale · Σ dS K."""
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_m, off_bh = _tile_and_head(N, BLOCK_M2)
     off_b = (off_bh // H).to(tl.int64)
     off_h = (off_bh % H).to(tl.int64)
+    Q_base = Q + off_b * stride_qb + off_h * stride_qh
     K_base = K + off_b * stride_kb + off_h * stride_kh
     V_base = V + off_b * stride_vb + off_h * stride_vh
-
-    offs_m = start_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
-    offs_n = tl.arange(0, BLOCK_N2)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_m[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
-    q = _load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-              row_mask, d_mask, True, PAD_D)  # (BLOCK_M2, D)
-    do = _load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_don
-               + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
-    o_offs = off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    o = _load(Out + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)  # (BLOCK_M2, D)
-    if ADD_RES:
-        o += _load(Res + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)
-    delta = tl.sum(o * do.to(tl.float32), 1)  # (BLOCK_M2,) Algorithm 2, line 4; 0 on padded rows
-    tl.store(Delta + off_bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
-    lse = tl.load(Lse + off_bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0) * _LOG2E
-    dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
-    n_full = (N // BLOCK_N2) * BLOCK_N2
-    for start_n in range(0, n_full, BLOCK_N2):
-        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
-                          stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
-    if n_full < N:
-        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
-                          stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
-
-    dq = dq * softmax_scale
-    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=row_mask & d_mask)
+    DO_base = DO + off_b * stride_dob + off_h * stride_doh
+    DQ_base = DQ + off_b * stride_dqb + off_h * stride_dqh
+    o_offs = off_b * stride_ob + off_h * stride_oh
+    Lse_base = Lse + off_bh.to(tl.int64) * N
+    Delta_base = Delta + off_bh.to(tl.int64) * N
+    row0 = start_m * BLOCK_M2
+    if _short_tail(row0, N, BLOCK_M2):
+        _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, Out + o_offs, Res + o_offs, Lse_base, Delta_base,
+                     row0, N, softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
+                     stride_vd, stride_don, stride_dod, stride_dqn, stride_dqd, stride_on, stride_od,
+                     HEAD_DIM, HEAD_DIM_PADDED, IEEE, ADD_RES, _TAIL, BLOCK_N2)
+    else:
+        _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, Out + o_offs, Res + o_offs, Lse_base, Delta_base,
+                     row0, N, softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn,
+                     stride_vd, stride_don, stride_dod, stride_dqn, stride_dqd, stride_on, stride_od,
+                     HEAD_DIM, HEAD_DIM_PADDED, IEEE, ADD_RES, BLOCK_M2, BLOCK_N2)
