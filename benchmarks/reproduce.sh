@@ -6,7 +6,8 @@
 #   attention  the kernels alone (attention_baseline, also the README's figure) and as the ViT calls them
 #              (attention_baseline_packed); the full preset (attention_full: ViT-S/B/L at 224 and 384 px, N up
 #              to 16384, bf16 and fp16); CPU against GPU time per flash call (launch_overhead, _profile);
-#              flash beside SDPA's cuDNN and FA2 kernels, and with fp32_delta (flash_bench, flash_bench_fp32_delta)
+#              flash beside SDPA's cuDNN and FA2 kernels, and with fp32_delta (flash_bench, flash_bench_fp32_delta);
+#              flash beside cuDNN at ViT sequence lengths, 64·k + 1 (attention_vit_lengths)
 #   train      ViT-S/16, ViT-B/16 and ViT-B/16 at 384 px, ours (flash) beside timm, eager and compiled
 #              (train_vit); what is alive at ViT-B/16's memory peak (train_vitb_memory_peak); ViT-B/16 across
 #              the range in interleaved rounds: batch 16 and 64, batch 256, 512 and 1024 px
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/benchmarks}
 PYTHON=${PYTHON:-python}
 FLASH_BENCH_STEPS="flash_bench flash_bench_fp32_delta"
-PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full launch_overhead launch_overhead_profile $FLASH_BENCH_STEPS"
+PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full attention_vit_lengths launch_overhead launch_overhead_profile $FLASH_BENCH_STEPS"
 PARTS_train="train_vit train_vitb_memory_peak train_small_batch_rounds train_b256_rounds train_hires_rounds input_pipeline"
 PARTS_scale="scale"
 PARTS_all="$PARTS_attention $PARTS_train $PARTS_scale"
@@ -58,6 +59,11 @@ attention_baseline_packed() {
     --backends sdpa-flash sdpa-cudnn flash --out "$OUT"
 }
 attention_full() { run attention_full "$PYTHON" -m benchmarks.attention --preset full --out "$OUT"; }
+attention_vit_lengths() {
+  run attention_vit_lengths "$PYTHON" -m benchmarks.attention --backends flash sdpa-cudnn --dtypes bf16 --no-plot \
+    --shapes "256,12,197,64;128,16,577,64;32,12,1025,64;8,12,4097,64;32,12,1024,64;256,12,197,128;8,16,4096,128;8,16,4097,128" \
+    --out "$OUT" --name attention_vit_lengths
+}
 launch_overhead() { run launch_overhead "$PYTHON" -m benchmarks.launch_overhead; }
 launch_overhead_profile() { run launch_overhead_profile "$PYTHON" -m benchmarks.launch_overhead --profile; }
 train_vit() {
