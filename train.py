@@ -272,6 +272,8 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
             nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
             backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
             reduce=all_reduce_mean, on_window=data_wait)
+        if epoch + 1 < cfg.epochs:
+            data.start_epoch(epoch + 1)  # the next epoch's loading runs while this one validates
         last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
         last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
         state.epoch, state.step_in_epoch, state.epoch_loss_sum = epoch + 1, 0, 0.0

@@ -4,6 +4,7 @@ gpu) the same steps with nvJPEG against PIL."""
 import json
 import random
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,30 @@ def test_loader_stops_its_thread_when_left_early(folder):
     next(it)
     it.close()
     assert not any(t.name == "gpu-decode" for t in threading.enumerate())
+
+
+def test_loader_started_early_decodes_ahead_and_gives_the_same_batches(folder):
+    """start() (Data.start_epoch's, before validation) decodes the first ``depth`` batches before iter() is called;
+    the iteration then gives the batches an unstarted loader gives."""
+    cfg, images, _, _ = make(folder)
+    pipe, transform = build_pipeline(cfg, is_training=True), build_transform(cfg, True)
+    runs = []
+    for early in (True, False):
+        sampler = ResumableSampler(len(images), shuffle=True, seed=0)
+        sampler.set_epoch(1)
+        loader, _ = gd.gpu_train_loader(images, transform, pipe.on_device, "cpu", 4, sampler, 0, seed=0)
+        if early:
+            loader.start()
+            ready = loader._started[0]
+            deadline = time.monotonic() + 30
+            while not ready.full() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert ready.qsize() == loader.depth, "the started loader decoded nothing ahead"
+        runs.append(list(loader))
+        assert loader._started is None
+    assert len(runs[0]) == len(runs[1]) == 3
+    for (x, y), (x2, y2) in zip(*runs, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
 @pytest.mark.gpu

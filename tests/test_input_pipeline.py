@@ -125,6 +125,29 @@ def test_persistent_workers_see_each_epoch_and_a_restarted_loader_agrees(folder)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+def test_start_epoch_begins_the_next_epoch_early_with_the_same_batches(folder):
+    """start_epoch(1) after epoch 0 (train.py calls it before validating): the two workers are sent epoch 1's first
+    indices at once, the val loader runs meanwhile, and epoch 1's batches equal those of a loader set to epoch 1 the
+    usual way. A set_epoch that would change the begun epoch is refused."""
+    cfg = data_cfg(folder, "data.num_workers=2")
+    data, plain = build_data(cfg, 8, 8, "cpu", seed=0), build_data(cfg, 8, 8, "cpu", seed=0)
+    data.set_epoch(0)
+    all_batches(data.train_loader)
+    data.start_epoch(1)
+    begun = data.train_loader.loader._started
+    assert begun is not None and begun._send_idx > 0, "no index was sent to the workers"
+    all_batches(data.val_loader)
+    with pytest.raises(RuntimeError, match="has begun epoch 1"):
+        data.set_epoch(2)
+    data.set_epoch(1)  # what train.py's loop does next: a no-op now
+    plain.set_epoch(1)
+    for (x, y), (xp, yp) in zip(all_batches(data.train_loader), all_batches(plain.train_loader), strict=True):
+        assert torch.equal(x, xp) and torch.equal(y, yp)
+    assert data.train_loader.loader._started is None
+    data.set_epoch(2)
+    assert len(all_batches(data.train_loader)) == len(data.train_loader)
+
+
 def run(folder: Path, out: Path, *extra: str) -> dict:
     return train(compose_cfg("train", [
         "data=imagefolder", f"data.root={folder}", "data.img_size=16", "data.num_workers=2", "data.train_aug.re_prob=0.5",

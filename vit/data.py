@@ -280,10 +280,33 @@ class Data:
     sampler: ResumableSampler | None  # None for synthetic data
     train_set: SeededDataset | None
 
+    started: tuple[int, int] | None = None  # (epoch, position) of the train loader's iteration begun by start_epoch
+
     def set_epoch(self, epoch: int, position: int = 0) -> None:
-        """Select epoch ``epoch``'s order and augmentation, starting after ``position`` samples."""
+        """Select epoch ``epoch``'s order and augmentation, starting after ``position`` samples.
+
+        Raises:
+            RuntimeError: :meth:`start_epoch` began another epoch's iteration, which the next ``iter()`` would give.
+        """
+        if self.started is not None:
+            if self.started != (epoch, position):
+                raise RuntimeError(f"the train loader has begun epoch {self.started[0]} at sample {self.started[1]} "
+                                   f"(start_epoch); set_epoch({epoch}, {position}) cannot change it")
+            self.started = None
+            return
         if self.sampler is not None:
             self.sampler.set_epoch(epoch, position)
+
+    def start_epoch(self, epoch: int) -> None:
+        """``set_epoch(epoch)`` and begin the train loader's iteration of it now (its workers, and the GPU decoder,
+        start on its first batches), so that they run while the caller validates the epoch before. The next
+        ``set_epoch(epoch)`` is then a no-op; the batches are the same as without it. Loaders with no workers
+        (synthetic data) have nothing to begin."""
+        if self.sampler is None or not hasattr(self.train_loader, "start"):
+            return
+        self.sampler.set_epoch(epoch, 0)
+        self.train_loader.start()
+        self.started = (epoch, 0)
 
     def num_bad(self) -> int:
         """Undecodable image files met so far in train and val (0 for synthetic data)."""

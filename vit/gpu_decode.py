@@ -354,12 +354,25 @@ class GpuDecodeLoader(LoaderView):
         self.depth = depth
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
 
-    def __iter__(self):
+    _started = None  # (queue, stop event, thread) of an iteration begun by start()
+
+    def start(self) -> None:
+        """Begin the next iteration now, for the sampler as it is set: the workers start reading and the thread
+        decoding its first ``depth`` batches at once, e.g. while the caller still validates (a decoder that
+        started only with the epoch left the epoch's first steps waiting for it); the next ``iter()`` continues
+        this iteration instead of beginning one."""
+        self._started = self._begin()
+
+    def _begin(self) -> tuple:
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         thread = threading.Thread(target=self._produce, args=(iter(self.loader), ready, stop), daemon=True,
                                   name="gpu-decode")
         thread.start()
+        return ready, stop, thread
+
+    def __iter__(self):
+        (ready, stop, thread), self._started = (self._started or self._begin()), None
         try:
             while (item := ready.get()) is not _END:
                 if isinstance(item, BaseException):

@@ -246,9 +246,17 @@ class ImageFolderLoader(DataLoader):
     main process re-checks it and raises the plain error instead.
     """
 
+    _started = None  # an iteration begun by start(), which the next iter() continues
+
+    def start(self) -> None:
+        """Begin the next iteration now, for the sampler as it is set: with workers, they start on its first
+        batches (``prefetch_factor`` each) at once, e.g. while the caller still validates; the next ``iter()``
+        continues this iteration instead of beginning one. Without workers nothing runs ahead."""
+        self._started = super().__iter__()
+
     def __iter__(self):
         folder = getattr(self.dataset, "dataset", self.dataset)
-        batches = super().__iter__()
+        batches, self._started = (self._started if self._started is not None else super().__iter__()), None
         while True:
             try:
                 batch = next(batches)

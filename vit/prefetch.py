@@ -99,6 +99,10 @@ class LoaderView:
     def __len__(self) -> int:
         return len(self.loader)
 
+    def start(self) -> None:
+        """Begin the wrapped loader's next iteration now (:meth:`vit.images.ImageFolderLoader.start`)."""
+        self.loader.start()
+
 
 class DeviceLoader(LoaderView):
     """Iterate ``loader`` as ``(x, y)`` on ``device``, each batch made by ``on_device`` one batch ahead.
