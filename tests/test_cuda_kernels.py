@@ -12,6 +12,7 @@ and backward; eager and torch.compile(fullgraph=True), strided inputs.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import re
 import shutil
@@ -492,7 +493,7 @@ def test_sm90_each_stage_against_float64(head_dim):
     q, k, v = q.detach(), k.detach(), v.detach()
     errs = {}
     ext = build.extension()
-    kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8)), "sm90": (ext.fwd_sm90, ext.bwd_sm90)}
+    kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0)), "sm90": (ext.fwd_sm90, ext.bwd_sm90)}
     if head_dim == 128:
         kernels["sm90-dqcols"] = (ext.fwd_sm90, ext.bwd_sm90_dqcols)
     for path, (fwd, bwd) in kernels.items():
@@ -565,6 +566,64 @@ def test_output_fully_written_and_deterministic_forward(fwd_path):
     assert torch.equal(out1, out2)
 
 
+def _grads(q, k, v, do, **options):
+    for t in (q, k, v):
+        t.grad = None
+    attention(q, k, v, **options).backward(do)
+    return [t.grad.clone() for t in (q, k, v)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, N, head_dim", [(1, 2, 4096, 64), (2, 3, 1025, 128), (64, 12, 197, 64),
+                                                (1, 1, 17, 32), (4, 2, 577, 80)])
+def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim, monkeypatch):
+    """attention.deterministic=true: dq (and dk, dv) bitwise equal over five runs, at shapes with one dq slice per
+    (batch, head) (B·H ≥ SMs) and with many (long N, B·H = 2), within the float64 rule; and on Hopper at head_dim
+    128, N ≥ 1024, where auto would run the Hopper backward, the mma.sync one runs instead."""
+    q, k, v = make_qkv(B, H, N, head_dim, dtype=torch.bfloat16, device="cuda")
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    splits = ops.dq_splits(q, ops.BWD_WARPS)
+    first = _grads(q, k, v, do, deterministic=True)
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(first, _grads(q, k, v, do, deterministic=True))), splits
+    check_against_reference(functools.partial(attention, deterministic=True), q, k, v)
+    calls = []
+    real = ops.extension
+
+    class Recorder:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(real(), name)
+
+    monkeypatch.setattr(ops, "extension", Recorder)
+    _grads(q, k, v, do, deterministic=True)
+    assert "bwd" in calls and not any(c.startswith("bwd_sm90") for c in calls), calls
+
+
+def test_deterministic_option_is_a_bool_and_a_config_option():
+    from vit.model import create_model
+
+    q = torch.empty(1, 1, 4, 32, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        attention(q, q, q, deterministic="false")
+    model = create_model("debug", attention="cuda", attention_options={"deterministic": True}, num_classes=3)
+    split_then = model.blocks[0].attn.attn_fn  # cuda has no packed form: split, then attention with the option
+    assert split_then.args[0].func is attention and split_then.args[0].keywords == {"deterministic": True}
+    with pytest.raises(ValueError, match="has no option"):
+        create_model("debug", attention="cuda", attention_options={"determinstic": True}, num_classes=3)
+
+
+def test_dq_splits_fill_the_sms_once_and_stay_within_the_key_tiles(monkeypatch):
+    """FlashAttention-2's count: ceil(SMs / (B·H)) slices per (batch, head), at least 1, at most one per key tile."""
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+    cases = {(8, 12, 4096): 2, (1, 2, 4096): 32, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3}
+    for (B, H, N), want in cases.items():
+        q = torch.empty(B, H, N, 64, device="meta")
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        assert ops.dq_splits(q, 8) == want, (B, H, N)
+    assert ops.dq_splits(torch.empty(1, 2, 4096, 64, device="meta"), 4) == 64
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 80])
 def test_torch_compile_fullgraph(head_dim):
@@ -608,5 +667,5 @@ def test_fake_kernel_gives_shapes_without_a_gpu():
         out = attention(q, k, v)
         assert out.shape == (2, 3, 197, 80) and out.dtype == torch.bfloat16
         out128, lse = torch.ops.vit_cuda.attn_fwd(*(torch.empty(1, 2, 5, 128, dtype=torch.float16, device="cuda")
-                                                    for _ in range(3)), 0.1)
+                                                    for _ in range(3)), 0.1, False)
         assert out128.shape == (1, 2, 5, 128) and lse.shape == (1, 2, 5) and lse.dtype == torch.float32

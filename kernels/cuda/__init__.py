@@ -19,7 +19,11 @@ Limits of this backend:
 - strided inputs: the last dimension must have stride 1, else one copy is made here; rows must
   start on 16-byte boundaries (strides multiple of 8 elements), else the host code copies once.
 - dq is accumulated with float32 atomics across key tiles, so it is not bitwise reproducible run
-  to run (dk, dv and out are). ``VIT_CUDA_BWD_WARPS`` (4 or 8, default 8) sets the backward tile.
+  to run (dk, dv and out are). ``deterministic=True`` (``attention=cuda attention.deterministic=true``)
+  makes it so, on one GPU model: the mma.sync backward in FlashAttention-2's deterministic mode (each of
+  ceil(SMs / (B·H)) CTAs per (batch, head) walks its key tiles in order into its own float32 dq slice, and
+  the slices are summed once), also where the Hopper backward would run otherwise.
+  ``VIT_CUDA_BWD_WARPS`` (4 or 8, default 8) sets the backward tile.
 - the extension compiles on first use and is cached (30 s with 16 jobs on the H200 machine, a few
   minutes on 2 cores): ``python -m kernels.cuda.build`` builds it ahead of time.
 
@@ -88,20 +92,28 @@ def check_inputs(q, k, v, softmax_scale=None) -> None:
         raise ValueError(f"attention=cuda needs CUDA tensors, got {q.device}; move them with .cuda()")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None, *,
+              deterministic: bool = False) -> torch.Tensor:
     """FlashAttention-2 in CUDA C++: ``softmax(q kᵀ · softmax_scale) v``, differentiable.
 
     Args:
         q, k, v: ``(B, H, N, head_dim)`` float16/bfloat16 CUDA tensors, head_dim ≤ 128.
         softmax_scale: > 0, default ``head_dim ** -0.5``.
+        deterministic: a backward whose dq is bitwise the same every run on one GPU model (FlashAttention-2's
+            deterministic mode, Dao 2023; see the module docstring); its cost is measured in
+            benchmarks/results/cuda_h200.md once it has run there.
 
     Returns:
         ``(B, H, N, head_dim)`` tensor of q's dtype, laid out as ``(B, N, H, head_dim)`` in memory.
 
     Raises:
-        TypeError, ValueError, RuntimeError: see :func:`check_inputs`; RuntimeError also when the
-        extension cannot be built (no nvcc: install the CUDA toolkit and set CUDA_HOME).
+        TypeError, ValueError, RuntimeError: see :func:`check_inputs`; TypeError also for a ``deterministic``
+        that is not a bool; RuntimeError also when the extension cannot be built (no nvcc: install the CUDA
+        toolkit and set CUDA_HOME).
     """
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"attention=cuda: deterministic must be a bool, got {deterministic!r} "
+                        f"({type(deterministic).__name__}); on the command line write attention.deterministic=true")
     check_inputs(q, k, v, softmax_scale)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
@@ -109,7 +121,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     if padded != head_dim:  # zero columns change neither q·k nor the kept columns of p·v
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out, _ = ops.attn_fwd(q, k, v, scale)  # (B, H, N, padded)
+    out, _ = ops.attn_fwd(q, k, v, scale, deterministic)  # (B, H, N, padded)
     return out[..., :head_dim] if padded != head_dim else out
 
 

@@ -1,10 +1,11 @@
 """The CUDA kernels as ``torch.library`` custom ops, with fake (meta) kernels and autograd.
 
-``vit_cuda::attn_fwd(q, k, v, softmax_scale) -> (out, lse)`` (the Hopper or the mma.sync forward,
-as :func:`fwd_path` picks at run time) and
-``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> (dq, dk, dv)`` (the
-Hopper or the mma.sync backward, as :func:`bwd_path` picks; bwd_warps is the mma.sync tile): raw launchers
-over ``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
+``vit_cuda::attn_fwd(q, k, v, softmax_scale, deterministic) -> (out, lse)`` (the Hopper or the mma.sync
+forward, as :func:`fwd_path` picks at run time) and
+``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits) -> (dq, dk, dv)`` (the
+Hopper or the mma.sync backward, as :func:`bwd_path` picks; bwd_warps is the mma.sync tile; dq_splits > 0, from
+``deterministic``, the mma.sync backward's deterministic mode, :func:`dq_splits`): raw launchers over
+``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
 contiguous but out, which is ``(B, N, H, d)`` in memory; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
 Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
 """
@@ -104,28 +105,44 @@ def bwd_path(q: Tensor) -> str:
     return _choose(BWD_PATH, "VIT_CUDA_BWD", q, SM90_BWD_HEAD_DIMS)
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def dq_splits(q: Tensor, bwd_warps: int) -> int:
+    """The deterministic backward's dq slices for ``q`` (B, H, N, d) on its GPU: FlashAttention-2's choice,
+    enough CTAs to fill every SM once (ceil(SMs / (B·H)) per (batch, head)), at most one per key tile of
+    16·bwd_warps rows. Each slice costs a float32 (B, H, N, d) buffer, summed at the end."""
+    B, H, N = q.shape[:3]
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    tiles = -(-N // (16 * bwd_warps))
+    return max(1, min(tiles, -(-_sm_count(index) // max(1, B * H))))
+
+
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
-def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> tuple[Tensor, Tensor]:
+def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> tuple[Tensor, Tensor]:
     ext = extension()
     out, lse = (ext.fwd_sm90 if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
     return out, lse
 
 
 @attn_fwd.register_fake
-def _(q, k, v, softmax_scale):
+def _(q, k, v, softmax_scale, deterministic):
     B, H, N, d = q.shape  # out is (B, N, H, d) in memory, as api.cpp allocates it
     return q.new_empty((B, N, H, d)).transpose(1, 2), q.new_empty((B, H, N), dtype=torch.float32)
 
 
 @torch.library.custom_op("vit_cuda::attn_bwd", mutates_args=())
 def attn_bwd(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int,
+    dq_splits: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     ext = extension()
-    if bwd_path(q) == "sm90":
+    if dq_splits == 0 and bwd_path(q) == "sm90":  # the Hopper backward has no deterministic mode
         dq, dk, dv = sm90_bwd_kernel(ext, q)(dout, q, k, v, out, lse, softmax_scale)
     else:
-        dq, dk, dv = ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps)
+        dq, dk, dv = ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits)
     return dq, dk, dv
 
 
@@ -148,21 +165,22 @@ def sm90_bwd_kernel(ext, q: Tensor):
 
 
 @attn_bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, bwd_warps):
+def _(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits):
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale = inputs
+    q, k, v, softmax_scale, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale = softmax_scale
+    ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, BWD_WARPS)
-    return dq, dk, dv, None
+    splits = dq_splits(q, BWD_WARPS) if ctx.deterministic else 0
+    dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, BWD_WARPS, splits)
+    return dq, dk, dv, None, None
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,6 +1,8 @@
 // Host side: checks the tensors, fills the params structs and dispatches on (dtype, head_dim).
 // The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
 // checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
+#include <algorithm>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -123,10 +125,10 @@ std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, doubl
 }
 
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
-// dq_cols (sm90, head_dim 128) its column split of dQ.
+// dq_cols (sm90, head_dim 128) its column split of dQ; dq_splits > 0 (bwd.cuh) its deterministic mode.
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
-                                 bool dq_cols = false) {
+                                 bool dq_cols = false, int64_t dq_splits = 0) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -135,6 +137,9 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
                    "dout and out must have q's dtype");
   TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "lse must be float32");
   TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
+  const int64_t key_tiles = (q.size(2) + 16 * bwd_warps - 1) / (16 * bwd_warps);
+  TORCH_CHECK_VALUE(dq_splits >= 0 && dq_splits <= key_tiles, "dq_splits must be in 0..", key_tiles,
+                    " (key tiles of ", 16 * bwd_warps, " rows), got ", dq_splits);
   const c10::cuda::CUDAGuard guard(q.device());
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
   if (sm90) {
@@ -145,11 +150,13 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
   lse = lse.contiguous();
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
-  auto dq_accum = at::zeros({B, H, N, d}, q.options().dtype(at::kFloat));
+  auto dq_accum = at::zeros({std::max<int64_t>(dq_splits, 1), B, H, N, d}, q.options().dtype(at::kFloat));
   auto dk = at::empty({B, H, N, d}, q.options());
   auto dv = at::empty({B, H, N, d}, q.options());
   auto delta = at::empty({B, H, N}, q.options().dtype(at::kFloat));
-  if (B * H * N == 0) return {dq_accum.to(q.scalar_type()), dk, dv};
+  // slices summed in one fixed order (a reduction over the leading dimension, no atomics)
+  auto dq = [&] { return (dq_splits > 1 ? dq_accum.sum(0) : dq_accum[0]).to(q.scalar_type()); };
+  if (B * H * N == 0) return {dq(), dk, dv};
   vitk::BwdParams p{};
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr(), p.dout = dout.data_ptr();
   p.lse = lse.data_ptr<float>(), p.delta = delta.data_ptr<float>(), p.dq_accum = dq_accum.data_ptr<float>();
@@ -158,6 +165,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   p.dout_st = strides(dout);
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
   p.bwd_warps = static_cast<int>(bwd_warps);
+  p.dq_splits = static_cast<int>(dq_splits);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
     constexpr int DT = decltype(dt)::value, D = decltype(hd)::value;
@@ -170,12 +178,12 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
     }
 #endif
   });
-  return {dq_accum.to(q.scalar_type()), dk, dv};
+  return {dq(), dk, dv};
 }
 
 std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                            at::Tensor lse, double softmax_scale, int64_t bwd_warps) {
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false);
+                            at::Tensor lse, double softmax_scale, int64_t bwd_warps, int64_t dq_splits) {
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false, false, dq_splits);
 }
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
@@ -214,7 +222,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_sm90") = false;
 #endif
-  m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps) -> [dq, dk, dv]");
+  m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits) "
+        "-> [dq, dk, dv]; dq_splits > 0: deterministic (bitwise the same every run)");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
   m.def("bwd_sm90_dqcols", &bwd_sm90_dqcols, "bwd_sm90 with dQ split by columns across the consumers "
         "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");

@@ -6,6 +6,10 @@
 //     from registers as A operands. dQ += dS K needs a sum over every key tile, so dSᵀ goes through
 //     shared memory and each CTA adds its part to a float32 dQ with atomicAdd (as FA-2 does): the
 //     summation order across CTAs varies, so dq is not bitwise deterministic run to run (dk, dv are).
+//     Deterministic mode (p.dq_splits = s > 0, FlashAttention-2's own): s CTAs per (batch, head), CTA j
+//     walking key tiles j, j + s, j + 2s, ... in order and adding into its own float32 slice j of
+//     dq_accum, (s, B, H, N, d). Each dq element of a slice is added by one thread, in program order,
+//     so every sum has one order; the host then sums the s slices (a fixed-order reduction).
 #pragma once
 #include "common.cuh"
 
@@ -50,8 +54,10 @@ __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
   if (row < rows && threadIdx.x % TPR == 0) p.delta[row] = acc;
 }
 
+// One CTA's work on the key tile starting at n0 of (batch b, head h): dK, dV of its keys, and its dS K added to dq
+// ((N, D) float32, this (batch, head)'s rows of one dq_accum slice).
 template <int DTYPE, int D, int WARPS>
-__global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads) bwd_kernel(const BwdParams p) {
+__device__ __forceinline__ void bwd_key_tile(const BwdParams &p, int n0, int h, int b, float *dq) {
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdTraits<D, WARPS>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, SROW = Tr::kSRow, SROWS = Tr::kSRowS, NT = Tr::kThreads;
@@ -65,14 +71,13 @@ __global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads) bwd_kernel(cons
   float *delta_s = lse_s + 2 * BM;                             // (2, BM)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int N = p.N, n0 = blockIdx.x * BN, h = blockIdx.y, b = blockIdx.z;
+  const int N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const T *q = static_cast<const T *>(p.q) + b * p.q_st.batch + h * p.q_st.head;
   const T *k = static_cast<const T *>(p.k) + b * p.k_st.batch + h * p.k_st.head;
   const T *v = static_cast<const T *>(p.v) + b * p.v_st.batch + h * p.v_st.head;
   const T *dout = static_cast<const T *>(p.dout) + b * p.dout_st.batch + h * p.dout_st.head;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
-  float *dq = p.dq_accum + bh * N * D;
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
 
   auto load_q_step = [&](int i, int buf) {
@@ -218,12 +223,31 @@ __global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads) bwd_kernel(cons
   }
 }
 
+// SPLITS = false: grid (key tiles, H, B), one tile per CTA. SPLITS (p.dq_splits = s > 0): grid (s, H, B), CTA j
+// taking tiles j, j + s, ... into dq slice j. Two kernels, so that the default one is the loop-free tile alone.
+template <int DTYPE, int D, int WARPS, bool SPLITS>
+__global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads, SPLITS ? 1 : 0) bwd_kernel(const BwdParams p) {
+  constexpr int BN = BwdTraits<D, WARPS>::kBlockN;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = (int64_t)b * p.H + h;
+  if constexpr (!SPLITS) {
+    bwd_key_tile<DTYPE, D, WARPS>(p, blockIdx.x * BN, h, b, p.dq_accum + bh * p.N * D);
+  } else {
+    float *dq = p.dq_accum + ((int64_t)blockIdx.x * p.B * p.H + bh) * p.N * D;  // slice blockIdx.x
+    for (int n0 = blockIdx.x * BN; n0 < p.N; n0 += p.dq_splits * BN) {
+      bwd_key_tile<DTYPE, D, WARPS>(p, n0, h, b, dq);  // ends with __syncthreads: shared memory is free again
+    }
+  }
+}
+
 template <int DTYPE, int D, int WARPS> cudaError_t launch_bwd_kernel(const BwdParams &p, cudaStream_t stream) {
   using Tr = BwdTraits<D, WARPS>;
-  auto kernel = bwd_kernel<DTYPE, D, WARPS>;
+  auto kernel = p.dq_splits > 0 ? bwd_kernel<DTYPE, D, WARPS, true> : bwd_kernel<DTYPE, D, WARPS, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  const int tiles = (p.N + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (p.dq_splits < 0 || p.dq_splits > tiles) return cudaErrorInvalidValue;
+  dim3 grid(p.dq_splits > 0 ? p.dq_splits : tiles, p.H, p.B);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }

@@ -32,6 +32,9 @@ struct BwdParams {
   int B, H, N;
   float softmax_scale;
   int bwd_warps;             // 4 or 8: key rows per CTA = 16 * bwd_warps
+  // mma.sync backward only. 0: one CTA per key tile, dq_accum (B, H, N, d) summed with atomics in any order.
+  // s in 1..key tiles: deterministic, dq_accum (s, B, H, N, d), CTA j of a (batch, head) owns slice j (bwd.cuh).
+  int dq_splits;
 };
 
 // One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
