@@ -493,9 +493,10 @@ def test_sm90_each_stage_against_float64(head_dim):
     q, k, v = q.detach(), k.detach(), v.detach()
     errs = {}
     ext = build.extension()
-    kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0)), "sm90": (ext.fwd_sm90, ext.bwd_sm90)}
+    kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0, None)),
+               "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None))}
     if head_dim == 128:
-        kernels["sm90-dqcols"] = (ext.fwd_sm90, ext.bwd_sm90_dqcols)
+        kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqcols(*a, None))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)
@@ -600,6 +601,56 @@ def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head
     assert "bwd" in calls and not any(c.startswith("bwd_sm90") for c in calls), calls
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, N, H, head_dim", [(2, 197, 12, 64), (1, 1025, 2, 128), (3, 17, 2, 32), (2, 65, 3, 80)])
+def test_qkvpacked_equals_split_bitwise_and_writes_one_gradient(B, N, H, head_dim):
+    """attention_qkvpacked: out and the (B, N, 3, H, d) gradient equal attention()'s on the three views and its
+    stacked gradients, bitwise (deterministic backward in both, so dq too); the packed op's gradient is one
+    contiguous tensor. head_dim 80 (padded) runs the split path and still agrees."""
+    from kernels.cuda import attention_qkvpacked
+
+    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(B, H, N, head_dim, device="cuda", dtype=torch.bfloat16)
+    out = attention_qkvpacked(qkv, deterministic=True)
+    out.backward(do)
+    packed_grad, qkv.grad = qkv.grad, None
+    views = [t.detach().clone().requires_grad_() for t in qkv.detach().permute(2, 0, 3, 1, 4).unbind(0)]
+    ref = attention(*views, deterministic=True)
+    ref.backward(do)
+    assert torch.equal(out, ref)
+    assert torch.equal(packed_grad, torch.stack([t.grad for t in views], dim=0).permute(1, 3, 0, 2, 4))
+    assert packed_grad.is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_len, head_dim", [(197, 64), (1025, 128)])
+def test_qkvpacked_against_float64_eager_and_compiled(seq_len, head_dim):
+    from kernels.cuda import attention_qkvpacked
+
+    def packed(q, k, v, softmax_scale=None):
+        return attention_qkvpacked(pack_qkv(q, k, v), softmax_scale)
+
+    torch._dynamo.reset()
+    for fn in (packed, torch.compile(packed, fullgraph=True)):
+        check_against_reference(fn, *make_qkv(2, 3, seq_len, head_dim, dtype=torch.bfloat16, device="cuda"))
+
+
+def test_qkvpacked_fake_kernels_give_shapes_without_a_gpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernels.cuda import attention_qkvpacked
+
+    with FakeTensorMode():
+        qkv = torch.empty(2, 197, 3, 12, 64, dtype=torch.bfloat16, device="cuda")
+        out = attention_qkvpacked(qkv)
+        assert out.shape == (2, 12, 197, 64) and out.transpose(1, 2).is_contiguous()
+        lse = torch.empty(2, 12, 197, dtype=torch.float32, device="cuda")
+        dqkv = torch.ops.vit_cuda.attn_bwd_qkvpacked(out, qkv, out, lse, 0.125, 8, 0)
+        assert dqkv.shape == qkv.shape and dqkv.is_contiguous()
+    with pytest.raises(ValueError, match=r"\(B, N, 3, H, d\)"):
+        attention_qkvpacked(torch.empty(2, 197, 2, 12, 64, dtype=torch.bfloat16))
+
+
 def test_deterministic_option_is_a_bool_and_a_config_option():
     from vit.model import create_model
 
@@ -607,8 +658,10 @@ def test_deterministic_option_is_a_bool_and_a_config_option():
     with pytest.raises(TypeError, match="deterministic must be a bool"):
         attention(q, q, q, deterministic="false")
     model = create_model("debug", attention="cuda", attention_options={"deterministic": True}, num_classes=3)
-    split_then = model.blocks[0].attn.attn_fn  # cuda has no packed form: split, then attention with the option
-    assert split_then.args[0].func is attention and split_then.args[0].keywords == {"deterministic": True}
+    from kernels.cuda import attention_qkvpacked
+
+    fn = model.blocks[0].attn.attn_fn  # the ViT calls the packed form
+    assert fn.func is attention_qkvpacked and fn.keywords == {"deterministic": True}
     with pytest.raises(ValueError, match="has no option"):
         create_model("debug", attention="cuda", attention_options={"determinstic": True}, num_classes=3)
 

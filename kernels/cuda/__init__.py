@@ -18,6 +18,9 @@ Limits of this backend:
 - any seq_len ≥ 1 (keys past N are masked with −inf; rows past N are never written).
 - strided inputs: the last dimension must have stride 1, else one copy is made here; rows must
   start on 16-byte boundaries (strides multiple of 8 elements), else the host code copies once.
+- the packed form the ViT calls, :func:`attention_qkvpacked` (``(B, N, 3, H, d)`` qkv): its backward writes
+  dq, dk, dv into one gradient of qkv's shape (the kernels store dk, dv through strides, dq is cast into
+  its slice), where the split form's gradients are stacked by autograd, a copy of the whole qkv.
 - dq is accumulated with float32 atomics across key tiles, so it is not bitwise reproducible run
   to run (dk, dv and out are). ``deterministic=True`` (``attention=cuda attention.deterministic=true``)
   makes it so, on one GPU model: the mma.sync backward in FlashAttention-2's deterministic mode (each of
@@ -38,6 +41,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import split_qkv
 from . import ops
 
 HEAD_DIMS = (32, 64, 128)
@@ -92,6 +96,13 @@ def check_inputs(q, k, v, softmax_scale=None) -> None:
         raise ValueError(f"attention=cuda needs CUDA tensors, got {q.device}; move them with .cuda()")
 
 
+def _check_deterministic(deterministic) -> None:
+    """A bool, not merely truthy: Hydra passes ``attention.deterministic=off`` on as a string."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"attention=cuda: deterministic must be a bool, got {deterministic!r} "
+                        f"({type(deterministic).__name__}); on the command line write attention.deterministic=true")
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None, *,
               deterministic: bool = False) -> torch.Tensor:
     """FlashAttention-2 in CUDA C++: ``softmax(q kᵀ · softmax_scale) v``, differentiable.
@@ -111,9 +122,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
         that is not a bool; RuntimeError also when the extension cannot be built (no nvcc: install the CUDA
         toolkit and set CUDA_HOME).
     """
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"attention=cuda: deterministic must be a bool, got {deterministic!r} "
-                        f"({type(deterministic).__name__}); on the command line write attention.deterministic=true")
+    _check_deterministic(deterministic)
     check_inputs(q, k, v, softmax_scale)
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
@@ -125,4 +134,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     return out[..., :head_dim] if padded != head_dim else out
 
 
-__all__ = ["DTYPES", "HEAD_DIMS", "attention", "check_inputs"]
+def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *,
+                        deterministic: bool = False) -> torch.Tensor:
+    """:func:`attention` on a packed ``(B, N, 3, H, head_dim)`` qkv (the ViT's fused projection, reshaped), whose
+    backward writes dq, dk, dv into one ``(B, N, 3, H, head_dim)`` gradient instead of stacking three.
+
+    head_dim 32, 64 and 128 run packed; another head_dim is padded as :func:`attention` pads it, which copies q, k
+    and v anyway, so it runs :func:`attention` on the three views (the same kernels, gradients stacked).
+
+    Returns and raises as :func:`attention`; ValueError also for a qkv that is not ``(B, N, 3, H, head_dim)``.
+    """
+    q, k, v = split_qkv(qkv)
+    if q.shape[-1] not in HEAD_DIMS or qkv.stride(-1) != 1:
+        return attention(q, k, v, softmax_scale, deterministic=deterministic)
+    _check_deterministic(deterministic)
+    check_inputs(q, k, v, softmax_scale)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    out, _ = ops.attn_fwd_qkvpacked(qkv, scale, deterministic)  # (B, H, N, d)
+    return out
+
+
+__all__ = ["DTYPES", "HEAD_DIMS", "attention", "attention_qkvpacked", "check_inputs"]

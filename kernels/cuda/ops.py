@@ -5,7 +5,9 @@ forward, as :func:`fwd_path` picks at run time) and
 ``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits) -> (dq, dk, dv)`` (the
 Hopper or the mma.sync backward, as :func:`bwd_path` picks; bwd_warps is the mma.sync tile; dq_splits > 0, from
 ``deterministic``, the mma.sync backward's deterministic mode, :func:`dq_splits`): raw launchers over
-``csrc/api.cpp``. The fake kernels give ``torch.compile`` the output shapes (all outputs
+``csrc/api.cpp``. Their packed twins ``vit_cuda::attn_fwd_qkvpacked(qkv, softmax_scale, deterministic)`` and
+``vit_cuda::attn_bwd_qkvpacked(dout, qkv, out, lse, softmax_scale, bwd_warps, dq_splits) -> dqkv`` take the ViT's
+``(B, N, 3, H, d)`` qkv, and the backward writes dq, dk, dv into one gradient of that shape (no stack of three). The fake kernels give ``torch.compile`` the output shapes (all outputs
 contiguous but out, which is ``(B, N, H, d)`` in memory; lse is float32 ``(B, H, N)``), so a compiled model traces through with no graph break.
 Autograd saves q, k, v, out and lse only (FlashAttention-2's recomputation).
 """
@@ -17,6 +19,7 @@ import os
 import torch
 from torch import Tensor
 
+from .. import split_qkv
 from .build import extension
 
 # Warps per CTA of the dK/dV kernel (16 key rows each): 4 -> 64 keys per CTA, 2 CTAs per SM
@@ -139,11 +142,15 @@ def attn_bwd(
     dq_splits: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     ext = extension()
-    if dq_splits == 0 and bwd_path(q) == "sm90":  # the Hopper backward has no deterministic mode
-        dq, dk, dv = sm90_bwd_kernel(ext, q)(dout, q, k, v, out, lse, softmax_scale)
-    else:
-        dq, dk, dv = ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits)
+    dq, dk, dv = _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, None)
     return dq, dk, dv
+
+
+def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv):
+    """The backward under the path rules; ``dqkv``: None, or a packed gradient to write dq, dk, dv into."""
+    if dq_splits == 0 and bwd_path(q) == "sm90":  # the Hopper backward has no deterministic mode
+        return sm90_bwd_kernel(ext, q)(dout, q, k, v, out, lse, softmax_scale, dqkv)
+    return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
 def sm90_bwd_kernel(ext, q: Tensor):
@@ -184,3 +191,45 @@ def _backward(ctx, dout, dlse):
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("vit_cuda::attn_fwd_qkvpacked", mutates_args=())
+def attn_fwd_qkvpacked(qkv: Tensor, softmax_scale: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+    q, k, v = split_qkv(qkv)
+    out, lse = (extension().fwd_sm90 if fwd_path(q) == "sm90" else extension().fwd)(q, k, v, softmax_scale)
+    return out, lse
+
+
+@attn_fwd_qkvpacked.register_fake
+def _(qkv, softmax_scale, deterministic):
+    B, N, _, H, d = qkv.shape
+    return qkv.new_empty((B, N, H, d)).transpose(1, 2), qkv.new_empty((B, H, N), dtype=torch.float32)
+
+
+@torch.library.custom_op("vit_cuda::attn_bwd_qkvpacked", mutates_args=())
+def attn_bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int,
+                       dq_splits: int) -> Tensor:
+    dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)  # (B, N, 3, H, d)
+    _bwd_into(extension(), dout, *split_qkv(qkv), out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
+    return dqkv
+
+
+@attn_bwd_qkvpacked.register_fake
+def _(dout, qkv, out, lse, softmax_scale, bwd_warps, dq_splits):
+    return torch.empty_like(qkv, memory_format=torch.contiguous_format)
+
+
+def _setup_context_packed(ctx, inputs, output):
+    qkv, softmax_scale, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, out, lse)
+    ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
+
+
+def _backward_packed(ctx, dout, dlse):
+    qkv, out, lse = ctx.saved_tensors
+    splits = dq_splits(split_qkv(qkv)[0], BWD_WARPS) if ctx.deterministic else 0
+    return attn_bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale, BWD_WARPS, splits), None, None
+
+
+attn_fwd_qkvpacked.register_autograd(_backward_packed, setup_context=_setup_context_packed)

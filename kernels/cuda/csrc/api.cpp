@@ -2,6 +2,7 @@
 // The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
 // checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
 #include <algorithm>
+#include <optional>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -124,11 +125,27 @@ std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   return fwd_impl(q, k, v, softmax_scale, true);
 }
 
+// dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
+// (B, N, 3, H, d) gradient dqkv (contiguous, q's dtype and device), so that the ViT's fused projection gets its
+// gradient without a stack of three.
+std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at::Tensor> &dqkv) {
+  if (!dqkv) return {at::empty(q.sizes(), q.options()), at::empty(q.sizes(), q.options()), at::empty(q.sizes(), q.options())};
+  const at::Tensor &g = *dqkv;
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
+  TORCH_CHECK_VALUE(g.dim() == 5 && g.size(0) == B && g.size(1) == N && g.size(2) == 3 && g.size(3) == H &&
+                        g.size(4) == d, "dqkv must be (B, N, 3, H, d) = (", B, ", ", N, ", 3, ", H, ", ", d, "), got ",
+                    g.sizes());
+  TORCH_CHECK_VALUE(g.is_contiguous() && g.device() == q.device(), "dqkv must be contiguous and on q's device");
+  TORCH_CHECK_TYPE(g.scalar_type() == q.scalar_type(), "dqkv dtype ", g.scalar_type(), " != q dtype ", q.scalar_type());
+  return g.permute({2, 0, 3, 1, 4}).unbind(0);
+}
+
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
-// dq_cols (sm90, head_dim 128) its column split of dQ; dq_splits > 0 (bwd.cuh) its deterministic mode.
+// dq_cols (sm90, head_dim 128) its column split of dQ; dq_splits > 0 (bwd.cuh) its deterministic mode;
+// dqkv: write into a packed gradient (grad_outputs).
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
-                                 bool dq_cols = false, int64_t dq_splits = 0) {
+                                 bool dq_cols, int64_t dq_splits, const std::optional<at::Tensor> &dqkv) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -151,18 +168,21 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   lse = lse.contiguous();
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
   auto dq_accum = at::zeros({std::max<int64_t>(dq_splits, 1), B, H, N, d}, q.options().dtype(at::kFloat));
-  auto dk = at::empty({B, H, N, d}, q.options());
-  auto dv = at::empty({B, H, N, d}, q.options());
+  auto grads = grad_outputs(q, dqkv);
+  at::Tensor dq_out = grads[0], dk = grads[1], dv = grads[2];
   auto delta = at::empty({B, H, N}, q.options().dtype(at::kFloat));
-  // slices summed in one fixed order (a reduction over the leading dimension, no atomics)
-  auto dq = [&] { return (dq_splits > 1 ? dq_accum.sum(0) : dq_accum[0]).to(q.scalar_type()); };
+  // slices summed in one fixed order (a reduction over the leading dimension, no atomics), then cast into dq
+  auto dq = [&] {
+    dq_out.copy_(dq_splits > 1 ? dq_accum.sum(0) : dq_accum[0]);
+    return dq_out;
+  };
   if (B * H * N == 0) return {dq(), dk, dv};
   vitk::BwdParams p{};
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.data_ptr(), p.out = out.data_ptr(), p.dout = dout.data_ptr();
   p.lse = lse.data_ptr<float>(), p.delta = delta.data_ptr<float>(), p.dq_accum = dq_accum.data_ptr<float>();
   p.dk = dk.data_ptr(), p.dv = dv.data_ptr();
   p.q_st = strides(q), p.k_st = strides(k), p.v_st = strides(v), p.out_st = strides(out);
-  p.dout_st = strides(dout);
+  p.dout_st = strides(dout), p.dk_st = strides(dk), p.dv_st = strides(dv);
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
   p.bwd_warps = static_cast<int>(bwd_warps);
   p.dq_splits = static_cast<int>(dq_splits);
@@ -182,20 +202,21 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
 }
 
 std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                            at::Tensor lse, double softmax_scale, int64_t bwd_warps, int64_t dq_splits) {
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false, false, dq_splits);
+                            at::Tensor lse, double softmax_scale, int64_t bwd_warps, int64_t dq_splits,
+                            std::optional<at::Tensor> dqkv) {
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false, false, dq_splits, dqkv);
 }
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                 at::Tensor lse, double softmax_scale) {
+                                 at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, false, 0, dqkv);
 }
 
 std::vector<at::Tensor> bwd_sm90_dqcols(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                        at::Tensor lse, double softmax_scale) {
+                                        at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true, 0, dqkv);
 }
 
 at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
@@ -222,10 +243,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_sm90") = false;
 #endif
-  m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits) "
-        "-> [dq, dk, dv]; dq_splits > 0: deterministic (bitwise the same every run)");
-  m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
+  m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, "
+        "dqkv) -> [dq, dk, dv]; dq_splits > 0: deterministic (bitwise the same every run); dqkv: None, or a packed "
+        "(B, N, 3, H, d) gradient the three are written into (and returned as views of)");
+  m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
+        "dqkv) -> [dq, dk, dv]");
   m.def("bwd_sm90_dqcols", &bwd_sm90_dqcols, "bwd_sm90 with dQ split by columns across the consumers "
-        "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale) -> [dq, dk, dv]");
+        "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale, dqkv) -> [dq, dk, dv]");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

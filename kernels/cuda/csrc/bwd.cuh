@@ -207,17 +207,18 @@ __device__ __forceinline__ void bwd_key_tile(const BwdParams &p, int n0, int h, 
     __syncthreads();  // Q/dO buffer and dSᵀ are rewritten next step
   }
 
-  // dK, dV rows of this warp (contiguous outputs), 4-byte stores.
-  T *dk_out = static_cast<T *>(p.dk) + bh * N * D, *dv_out = static_cast<T *>(p.dv) + bh * N * D;
+  // dK, dV rows of this warp (strided outputs: (B, H, N, d) views, e.g. of a packed (B, N, 3, H, d) gradient), 4-byte stores.
+  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
+  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int n = n0 + warp * 16 + g + 8 * r;
     if (n < N) {
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
-        const int64_t off = (int64_t)n * D + dt * 8 + 2 * t;
-        *reinterpret_cast<uint32_t *>(dk_out + off) = Elem<DTYPE>::pack(dk[dt][2 * r], dk[dt][2 * r + 1]);
-        *reinterpret_cast<uint32_t *>(dv_out + off) = Elem<DTYPE>::pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+        const int c = dt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[dt][2 * r], dk[dt][2 * r + 1]);
+        *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
       }
     }
   }

@@ -236,16 +236,18 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     }
   }
 
-  T *dk_out = static_cast<T *>(p.dk) + bh * N * D, *dv_out = static_cast<T *>(p.dv) + bh * N * D;
+  // strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient
+  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
+  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int n = key + 8 * r;
     if (n >= N) continue;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const int64_t off = (int64_t)n * D + 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t *>(dk_out + off) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-      *reinterpret_cast<uint32_t *>(dv_out + off) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      const int c = 8 * j + 2 * t;
+      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
   }
 }
