@@ -8,7 +8,8 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
 the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only) and ``cuda-auto`` (the default
-rules of kernels/cuda/ops.py). ``fwd err`` is
+rules of kernels/cuda/ops.py) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
+mma.sync backward in its deterministic mode). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
 the 60 MB L2 together.
@@ -55,10 +56,10 @@ def sdpa(backend):
     return fn
 
 
-def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic"):
+def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", deterministic=False):
     def fn(q, k, v):
         ops.FWD_PATH, ops.BWD_PATH, ops.BWD_WARPS, ops.BWD_DQ = fwd_path, bwd_path, bwd_warps, bwd_dq  # read at run time
-        return cuda_attention(q, k, v)
+        return cuda_attention(q, k, v, deterministic=deterministic)
     return fn
 
 
@@ -71,6 +72,7 @@ def bench_attention(skip=()):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto")
+        backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True)
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")  # last (see SHAPES)
     for B, H, N, d in SHAPES:
         sets = []
