@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..cache import build_dir
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 NAME = "vit_cuda_kernels"
 # -lineinfo maps SASS back to source for ncu; --use_fast_math turns exp2f into one MUFU.EX2.
@@ -74,13 +76,6 @@ def arch_list() -> str:
     return "8.0;9.0a"
 
 
-def build_dir() -> Path:
-    tag = f"torch{torch.__version__.split('+')[0]}-cu{torch.version.cuda}"
-    path = Path(os.environ.get("VIT_KERNELS_BUILD_DIR", Path.home() / ".cache" / "vit-kernels" / tag))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @functools.cache
 def extension(verbose: bool = False):
     """Compile if needed and import the extension module (``fwd``, ``fwd_sm90``, ``bwd``, ``bwd_sm90``,
@@ -109,7 +104,7 @@ def extension(verbose: bool = False):
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     archs = os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
     defines = ["-DVITK_SM90A"] if has_sm90(archs) else []
-    folder = build_dir()
+    folder = build_dir(NAME)
     if not any(folder.glob(f"{NAME}*.so")):
         print(f"[cuda] building {NAME} for TORCH_CUDA_ARCH_LIST={archs}: {len(sources(archs))} translation units "
               f"with nvcc, several minutes the first time (MAX_JOBS sets the parallelism), in {folder}",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache import build_dir
 from . import configs
 from .kernels import LOG2E
 from .launch import _hooked
@@ -67,14 +68,6 @@ def set_mode(value: str) -> str:
     return previous
 
 
-def build_dir() -> Path:
-    """Where the extension is built: one folder per torch build (its CUDA variant included) and Python version."""
-    tag = f"torch{torch.__version__.replace('+', '-')}-py{sys.version_info.major}{sys.version_info.minor}"
-    path = Path(os.environ.get("VIT_KERNELS_BUILD_DIR", Path.home() / ".cache" / "vit-kernels" / tag)) / NAME
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def load(verbose: bool = False):
     """Build (first time) and import the extension, and install :func:`_first_launch` in it.
 
@@ -85,7 +78,7 @@ def load(verbose: bool = False):
     if _module is None:
         from torch.utils import cpp_extension
 
-        folder = build_dir()
+        folder = build_dir(NAME)
         if not any(folder.glob(f"{NAME}*.so")):
             print(f"[flash] building the eager launcher (C++, once per torch version, about a minute) in {folder}",
                   file=sys.stderr, flush=True)
