@@ -262,37 +262,41 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
     if state.epoch >= cfg.epochs:
         logger.print(f"[run] nothing to train: the checkpoint is at epoch {state.epoch} of epochs={cfg.epochs}; "
                      f"raise epochs to continue")
-    for epoch in range(state.epoch, cfg.epochs):
-        data.set_epoch(epoch, position=state.step_in_epoch * cfg.grad_accum * micro_batch)
-        step_ends.append([time.perf_counter()])
-        train_loss = train_epoch(
-            model, data.train_loader, optimizer, scheduler, state, device=device, amp_dtype=amp_dtype,
-            grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, recipe=recipe,
-            steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
-            nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
-            backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
-            reduce=all_reduce_mean, on_window=data_wait)
-        if epoch + 1 < cfg.epochs:
-            data.start_epoch(epoch + 1)  # the next epoch's loading runs while this one validates
-        last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
-        last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
-        state.epoch, state.step_in_epoch, state.epoch_loss_sum = epoch + 1, 0, 0.0
-        logger.log({**prefixed("val/", last_val), **prefixed("val/ema_", last_ema), "epoch": state.epoch,
-                    "data/bad_files": data.num_bad()}, step=state.step,
-                   prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
-        history.append({"epoch": state.epoch, "train_loss": train_loss,
-                        "lr": max(g["lr"] for g in optimizer.param_groups),
-                        **prefixed("val_", last_val), **prefixed("val_ema_", last_ema)})
-        if rank == 0:
-            append_summary_csv(out_dir / "summary.csv", {**history[-1], "val": last_val, "val_ema": last_ema})
-        top1 = (last_ema if cfg.ema.best_from == "ema" else last_val)["top1"]  # ema.best_from picks best.pt
-        improved, state.best_top1 = top1 > state.best_top1, max(state.best_top1, top1)
-        # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
-        if improved or cfg.checkpoint.keep_best > 0:  # the same on every rank; payload is a collective under FSDP
-            best = payload(with_optimizer=False)
+    try:
+        for epoch in range(state.epoch, cfg.epochs):
+            data.set_epoch(epoch, position=state.step_in_epoch * cfg.grad_accum * micro_batch)
+            step_ends.append([time.perf_counter()])
+            train_loss = train_epoch(
+                model, data.train_loader, optimizer, scheduler, state, device=device, amp_dtype=amp_dtype,
+                grad_accum=cfg.grad_accum, clip_grad=cfg.clip_grad, recipe=recipe,
+                steps_per_epoch=steps_per_epoch, world_size=world_size, log_every=cfg.log_every,
+                nonfinite_policy=cfg.nonfinite.policy, max_nonfinite_skips=cfg.nonfinite.max_skips, logger=logger,
+                backend=backend, seq_len=unwrap(model).seq_len, on_step_end=on_step_end, progress=cfg.progress,
+                reduce=all_reduce_mean, on_window=data_wait)
+            if epoch + 1 < cfg.epochs:
+                data.start_epoch(epoch + 1)  # the next epoch's loading runs while this one validates
+            last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
+            last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
+            state.epoch, state.step_in_epoch, state.epoch_loss_sum = epoch + 1, 0, 0.0
+            logger.log({**prefixed("val/", last_val), **prefixed("val/ema_", last_ema), "epoch": state.epoch,
+                        "data/bad_files": data.num_bad()}, step=state.step,
+                       prefix=f"[val   epoch {state.epoch}/{cfg.epochs}] ")
+            history.append({"epoch": state.epoch, "train_loss": train_loss,
+                            "lr": max(g["lr"] for g in optimizer.param_groups),
+                            **prefixed("val_", last_val), **prefixed("val_ema_", last_ema)})
             if rank == 0:
-                save_best(ckpt_dir, best, top1, state.step, improved, cfg.checkpoint.keep_best)
-        last_path = save_step()
+                append_summary_csv(out_dir / "summary.csv", {**history[-1], "val": last_val, "val_ema": last_ema})
+            top1 = (last_ema if cfg.ema.best_from == "ema" else last_val)["top1"]  # ema.best_from picks best.pt
+            improved, state.best_top1 = top1 > state.best_top1, max(state.best_top1, top1)
+            # best.pt first: a step checkpoint that counts this epoch as best implies best.pt has it
+            if improved or cfg.checkpoint.keep_best > 0:  # the same on every rank; payload is a collective under FSDP
+                best = payload(with_optimizer=False)
+                if rank == 0:
+                    save_best(ckpt_dir, best, top1, state.step, improved, cfg.checkpoint.keep_best)
+            last_path = save_step()
+    except BaseException:
+        data.cancel()  # a next epoch begun before validation: its decode thread and prefetched batches
+        raise
     train_seconds = state.train_seconds = seconds_before + time.perf_counter() - t_start
 
     run_steps = sum(len(e) - 1 for e in step_ends)

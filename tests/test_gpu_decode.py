@@ -253,6 +253,31 @@ def test_loader_started_early_decodes_ahead_and_gives_the_same_batches(folder):
         assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
+def test_a_second_start_or_a_cancel_stops_the_begun_thread(folder):
+    cfg, images, _, _ = make(folder)
+    sampler = ResumableSampler(len(images), shuffle=True, seed=0)
+    loader, _ = gd.gpu_train_loader(images, build_transform(cfg, True), build_pipeline(cfg, True).on_device, "cpu",
+                                    4, sampler, 0, seed=0)
+    loader.start()
+    first = loader._started[2]
+    loader.start()
+    assert not first.is_alive() and loader._started[2].is_alive()
+    loader.cancel()
+    assert loader._started is None and not any(t.name == "gpu-decode" for t in threading.enumerate())
+    assert len(list(loader)) == 3  # a cancelled start leaves the loader as new
+
+
+def test_gpu_decode_needs_loader_workers():
+    from test_train import compose_cfg
+
+    from vit.data import check_decode
+
+    cfg = compose_cfg("train", ["data=imagefolder", "data.decode=gpu", "data.num_workers=0"]).data
+    with pytest.raises(ValueError, match="data.decode=gpu needs loader workers"):
+        check_decode(cfg, "cuda")
+    assert check_decode(OmegaConf.merge(cfg, {"num_workers": 2}), "cuda") == "gpu"
+
+
 @pytest.mark.gpu
 def test_gpu_decode_matches_pil(folder):
     _, images, _, _ = make(folder)

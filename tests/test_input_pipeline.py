@@ -146,6 +146,13 @@ def test_start_epoch_begins_the_next_epoch_early_with_the_same_batches(folder):
     assert data.train_loader.loader._started is None
     data.set_epoch(2)
     assert len(all_batches(data.train_loader)) == len(data.train_loader)
+    data.start_epoch(3)
+    with pytest.raises(RuntimeError, match="has begun epoch 3 already"):
+        data.start_epoch(4)
+    data.cancel()  # what train.py does when validation raises
+    assert data.started is None and data.train_loader.loader._started is None
+    data.set_epoch(4)
+    assert len(all_batches(data.train_loader)) == len(data.train_loader)
 
 
 def run(folder: Path, out: Path, *extra: str) -> dict:

@@ -301,12 +301,25 @@ class Data:
         """``set_epoch(epoch)`` and begin the train loader's iteration of it now (its workers, and the GPU decoder,
         start on its first batches), so that they run while the caller validates the epoch before. The next
         ``set_epoch(epoch)`` is then a no-op; the batches are the same as without it. Loaders with no workers
-        (synthetic data) have nothing to begin."""
+        (synthetic data) have nothing to begin.
+
+        Raises:
+            RuntimeError: an epoch begun before was neither taken nor cancelled (:meth:`cancel`).
+        """
         if self.sampler is None or not hasattr(self.train_loader, "start"):
             return
+        if self.started is not None:
+            raise RuntimeError(f"the train loader has begun epoch {self.started[0]} already (start_epoch); "
+                               f"take it (set_epoch, iter) or cancel() it before starting epoch {epoch}")
         self.sampler.set_epoch(epoch, 0)
         self.train_loader.start()
         self.started = (epoch, 0)
+
+    def cancel(self) -> None:
+        """Stop an iteration :meth:`start_epoch` began and nothing took (its decode thread ends); nothing if none."""
+        if self.started is not None:
+            self.train_loader.cancel()
+            self.started = None
 
     def num_bad(self) -> int:
         """Undecodable image files met so far in train and val (0 for synthetic data)."""
@@ -386,13 +399,17 @@ def build_data(cfg, micro_batch: int, eval_batch: int, device, seed: int, num_re
 def check_decode(cfg, device) -> str:
     """``data.decode``: ``cpu`` (PIL in the workers, the default) or ``gpu`` (the train split's JPEGs decoded and
     augmented on the GPU, :mod:`vit.gpu_decode`; validation stays on the CPU). Raises ValueError for another
-    value, or ``gpu`` without a CUDA device."""
+    value, or ``gpu`` without a CUDA device or without loader workers."""
     decode = cfg.get("decode", "cpu")
     if decode not in ("cpu", "gpu"):
         raise ValueError(f"data.decode={decode!r} is not one of cpu (PIL in the loader workers), gpu (nvJPEG)")
     if decode == "gpu" and torch.device(device).type != "cuda":
         raise ValueError(f"data.decode=gpu decodes JPEGs on a CUDA GPU, but this run's device is {device} "
                          f"(torch.cuda.is_available()={torch.cuda.is_available()}); use data.decode=cpu")
+    if decode == "gpu" and resolve_num_workers(cfg.num_workers) == 0:
+        raise ValueError(f"data.decode=gpu needs loader workers, but data.num_workers={cfg.num_workers} gives none: "
+                         f"without them the files are read and the augmentations drawn (from RNGs seeded per sample) "
+                         f"in the decode thread, beside the training step's own draws; set data.num_workers=1 or more")
     return decode
 
 

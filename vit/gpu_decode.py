@@ -24,9 +24,10 @@ The train split only (validation keeps the workers' PIL path). Three parts:
   ``data.max_bad_fraction``), and replaced as the CPU path replaces it: by the next index whose file decodes,
   drawn with the same sample seed, which is also what the workers give in later epochs (they skip marked
   files), so a resumed run matches the uninterrupted one.
-- :class:`GpuDecodeLoader` runs the batch step, then the device step (:class:`vit.prefetch.Normalize`:
-  normalisation and random erasing) in a **background thread, on its own side CUDA stream**, two batches
-  ahead. The thread because ``decode_jpeg(device='cuda')`` blocks its caller until the batch is decoded
+- :class:`GpuDecodeLoader` runs the batch step in a **background thread, on its own side CUDA stream**, two
+  batches ahead, and the device step (:class:`vit.prefetch.Normalize`: normalisation and random erasing) in the
+  consumer's thread when it takes a batch: erasing reseeds the global RNGs for its draws, which in another thread
+  would race the training step's dropout and the checkpoints' RNG snapshots. The thread because ``decode_jpeg(device='cuda')`` blocks its caller until the batch is decoded
   (torchvision parses the files on the host and synchronises its own stream before returning), which in the
   training loop would stall the step for the whole decode; PyTorch releases the GIL inside ``torch.ops`` calls,
   so the decode runs beside the loop. The stream keeps the crops and jitter off the training step's stream; the
@@ -342,10 +343,10 @@ def upload(pixels: torch.Tensor, height: int, width: int, device) -> torch.Tenso
 
 class GpuDecodeLoader(LoaderView):
     """Iterate ``loader`` (a DataLoader of :class:`ByteBatch`) as ``(x float32 (B, 3, H, W), y int64 (B,))`` on
-    ``device``: ``decoder`` then ``on_device`` (normalisation, random erasing) run in a background thread on
-    one side CUDA stream, up to ``depth`` batches ahead; the consumer's current stream waits for a batch's
-    event when it takes it (and the batch's memory is marked as used there). On CPU the same thread runs
-    without a stream. An error in the thread (TooManyBadFilesError, a decoder bug) is raised in the consumer.
+    ``device``: ``decoder`` runs in a background thread on one side CUDA stream, up to ``depth`` batches ahead;
+    the consumer's current stream waits for a batch's event when it takes it (and the batch's memory is marked
+    as used there), then ``on_device`` (normalisation, random erasing) runs there, in the consumer's thread
+    (why: the module docstring). On CPU the same thread runs without a stream. An error in the thread (TooManyBadFilesError, a decoder bug) is raised in the consumer.
     Attributes ``dataset``, ``sampler``, ``loader``, ``device``; ``len()`` is the loader's.
     """
 
@@ -357,11 +358,22 @@ class GpuDecodeLoader(LoaderView):
     _started = None  # (queue, stop event, thread) of an iteration begun by start()
 
     def start(self) -> None:
-        """Begin the next iteration now, for the sampler as it is set: the workers start reading and the thread
-        decoding its first ``depth`` batches at once, e.g. while the caller still validates (a decoder that
-        started only with the epoch left the epoch's first steps waiting for it); the next ``iter()`` continues
-        this iteration instead of beginning one."""
+        """Begin the next iteration now: the workers start reading and the thread decoding its first ``depth``
+        batches at once, e.g. while the caller still validates (a decoder that started only with the epoch left
+        the epoch's first steps waiting for it); the next ``iter()`` continues this iteration instead of beginning
+        one. With workers the sampler is read here; without, in the thread, so it must not change until then. An
+        iteration begun before and not taken is stopped first."""
+        self.cancel()
+        self.loader.start()
         self._started = self._begin()
+
+    def cancel(self) -> None:
+        """Stop an iteration begun by :meth:`start` and not taken by ``iter()`` (its thread ends; nothing if none)."""
+        if self._started is not None:
+            ready, stop, thread = self._started
+            self._started = None
+            _stop(ready, stop, thread)
+        self.loader.cancel()
 
     def _begin(self) -> tuple:
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
@@ -377,18 +389,15 @@ class GpuDecodeLoader(LoaderView):
             while (item := ready.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
-                x, y, event = item
+                x, y, seeds, event = item
                 if event is not None:
                     consumer = torch.cuda.current_stream(self.device)
                     consumer.wait_event(event)
                     x.record_stream(consumer)
                     y.record_stream(consumer)
-                yield x, y
+                yield self.on_device((x, y, seeds), self.device)
         finally:
-            stop.set()
-            while thread.is_alive():  # let a producer blocked on a full queue see the stop
-                with contextlib.suppress(queue.Empty):
-                    ready.get(timeout=0.05)
+            _stop(ready, stop, thread)
 
     def _produce(self, batches, ready: queue.Queue, stop: threading.Event) -> None:
         try:
@@ -397,9 +406,9 @@ class GpuDecodeLoader(LoaderView):
             for batch in batches:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                     x, y, seeds = self.decoder(batch, self.device)
-                    x, y = self.on_device((x, y.to(self.device, non_blocking=True), seeds), self.device)
+                    y = y.to(self.device, non_blocking=True)
                     event = self.stream.record_event() if self.stream is not None else None
-                if not _put(ready, (x, y, event), stop):
+                if not _put(ready, (x, y, seeds, event), stop):
                     return
             _put(ready, _END, stop)
         except BaseException as e:  # noqa: BLE001  handed to the consumer, which raises it
@@ -416,6 +425,15 @@ class GpuDecodeLoader(LoaderView):
 
 
 _END = object()
+
+
+def _stop(ready: queue.Queue, stop: threading.Event, thread: threading.Thread) -> None:
+    """Stop a producer thread: set ``stop``, and drain ``ready`` until it ends (a producer blocked on a full queue
+    sees the stop)."""
+    stop.set()
+    while thread.is_alive():
+        with contextlib.suppress(queue.Empty):
+            ready.get(timeout=0.05)
 
 
 def _put(ready: queue.Queue, item, stop: threading.Event) -> bool:

@@ -249,10 +249,16 @@ class ImageFolderLoader(DataLoader):
     _started = None  # an iteration begun by start(), which the next iter() continues
 
     def start(self) -> None:
-        """Begin the next iteration now, for the sampler as it is set: with workers, they start on its first
-        batches (``prefetch_factor`` each) at once, e.g. while the caller still validates; the next ``iter()``
-        continues this iteration instead of beginning one. Without workers nothing runs ahead."""
-        self._started = super().__iter__()
+        """Begin the next iteration now, for the sampler as it is set (it is read here): the workers start on its
+        first batches (``prefetch_factor`` each) at once, e.g. while the caller still validates; the next
+        ``iter()`` continues this iteration instead of beginning one. Without workers nothing would run ahead, and
+        nothing is begun."""
+        self._started = super().__iter__() if self.num_workers > 0 else None
+
+    def cancel(self) -> None:
+        """Drop an iteration begun by :meth:`start` and not taken (the next ``iter()`` begins anew; persistent workers
+        drop what they prefetched for it)."""
+        self._started = None
 
     def __iter__(self):
         folder = getattr(self.dataset, "dataset", self.dataset)

@@ -103,6 +103,10 @@ class LoaderView:
         """Begin the wrapped loader's next iteration now (:meth:`vit.images.ImageFolderLoader.start`)."""
         self.loader.start()
 
+    def cancel(self) -> None:
+        """Drop an iteration begun by :meth:`start` and not taken (the next ``iter()`` begins a new one)."""
+        self.loader.cancel()
+
 
 class DeviceLoader(LoaderView):
     """Iterate ``loader`` as ``(x, y)`` on ``device``, each batch made by ``on_device`` one batch ahead.
