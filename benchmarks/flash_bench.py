@@ -206,15 +206,17 @@ def _run_one(which, tuner, tensors):
 
     q, k, v, do, out, lse, delta, g1, g2 = tensors
     scale = q.shape[-1] ** -0.5
+    N = q.shape[2]
+    dkdv_ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), *g2.stride(), q.shape[1], N,
+                 configs.n_bucket(N))
     if which == "bwd_fused_tma":  # dk, dv and dQ's reduce-adds into a float32 buffer (timed without re-zeroing it)
-        N = q.shape[2]
         dqacc = torch.zeros(q.shape, device=q.device)
-        ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), *g2.stride(), q.shape[1], N,
-                configs.n_bucket(N))
         return lambda: op._launch(tuner, "BLOCK_N1", "bwd fused", q, (q, k, v, do, g1, g2, dqacc, lse, delta),
-                                  (scale, scale * LOG2E), ints, lambda: op._meta(q), True)
+                                  (scale, scale * LOG2E), dkdv_ints, lambda: op._meta(q), True)
+    if which == "dkdv_tma":  # launch_dkdv's arguments, without the pointer kernel's SPLIT_DS (fp32_delta's)
+        return lambda: op._launch(tuner, "BLOCK_N1", "bwd dk/dv", q, (q, k, v, do, g1, g2, lse, delta),
+                                  (scale, scale * LOG2E), dkdv_ints, lambda: op._meta(q), True)
     if which == "dq_tma":  # takes delta ready-made, where the pointer dQ kernel forms it from out and dO
-        N = q.shape[2]
         ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), q.shape[1], N, configs.n_bucket(N))
         return lambda: op._launch(tuner, "BLOCK_M2", "bwd dq", q, (q, k, v, do, g1, lse, delta), (scale, scale * LOG2E),
                                   ints, lambda: op._meta(q), True)

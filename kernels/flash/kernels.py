@@ -64,6 +64,20 @@ def _load(ptrs, row_mask, col_mask, MASK_ROWS: tl.constexpr, MASK_COLS: tl.const
 
 
 @triton.jit
+def _ds_dot(ds, b, acc, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """``acc + ds @ b`` with float32 ``ds`` rounded to ``b``'s dtype, or where SPLIT as the sum of two products, of its
+    rounding and of the remainder (ds = hi + lo, ~2× the mantissa bits). dS's rows sum to 0 (Σ_j P_ij (dP_ij − delta_i)
+    = 0), and with huge logits its entries are differences of nearly equal terms: rounding each to fp16/bf16 breaks
+    that sum, the error fp32_delta's split removes (interpreter, fp16, (1, 2, 65, 32), logits ~2.5e3: dq or dk outside
+    the 2× rule on 4 of 300 draws, 7 of 300 unsplit)."""
+    hi = ds.to(b.dtype)
+    acc = _dot(hi, b, acc, IEEE)
+    if SPLIT:
+        acc = _dot((ds - hi.to(tl.float32)).to(b.dtype), b, acc, IEEE)
+    return acc
+
+
+@triton.jit
 def _short_tail(start, N, BLOCK: tl.constexpr):
     """Whether the tile starting at row or key ``start`` is a last one of at most TAIL valid entries
     (then a TAIL-wide tile covers it; see the module docstring)."""
@@ -232,7 +246,7 @@ def flash_bwd_preprocess_kernel(
 def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
                    stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
-                   MASK_M: tl.constexpr):
+                   MASK_M: tl.constexpr, SPLIT_DS: tl.constexpr):
     """One query tile's contribution to dK, dV (Algorithm 2, lines 11-19, transposed)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     rows = start_m + offs_m  # (BLOCK_M1,)
@@ -251,7 +265,7 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
     dv = _dot(pT.to(do.dtype), do, dv, IEEE)
     dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
     dsT = pT * (dpT - delta[None, :])
-    dk = _dot(dsT.to(qT.dtype), tl.trans(qT), dk, IEEE)
+    dk = _ds_dot(dsT, tl.trans(qT), dk, IEEE, SPLIT_DS)
     return dk, dv
 
 
@@ -260,7 +274,7 @@ def _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, 
                    softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                    stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
-                   COLS: tl.constexpr, BLOCK_M1: tl.constexpr):
+                   SPLIT_DS: tl.constexpr, COLS: tl.constexpr, BLOCK_M1: tl.constexpr):
     """dK, dV of keys col0 … col0 + COLS − 1 of one (batch, head), looping over every query tile."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     offs_n = col0 + tl.arange(0, COLS)
@@ -275,15 +289,15 @@ def _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, 
     for start_m in range(0, m_full, BLOCK_M1):
         dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m, N, qk_scale,
                                 stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, BLOCK_M1), offs_d,
-                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, SPLIT_DS)
     if _short_tail(m_full, N, BLOCK_M1):
         dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
                                 stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, _TAIL), offs_d,
-                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, SPLIT_DS)
     elif m_full < N:
         dk, dv = _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, m_full, N, qk_scale,
                                 stride_qn, stride_qd, stride_don, stride_dod, tl.arange(0, BLOCK_M1), offs_d,
-                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+                                HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, SPLIT_DS)
 
     dk = dk * softmax_scale
     mask = row_mask & d_mask
@@ -303,10 +317,11 @@ def flash_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H, N, N_BUCKET,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, SPLIT_DS: tl.constexpr,
     BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_N1)·B·H,). dK = scale · Σ dS Q, dV = Σ Pᵀ dO."""
+    """Grid (cdiv(N, BLOCK_N1)·B·H,). dK = scale · Σ dS Q, dV = Σ Pᵀ dO. ``SPLIT_DS`` (fp32_delta's): dSᵀ Q as two
+    products (:func:`_ds_dot`)."""
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_n, off_bh = _tile_and_head(N, BLOCK_N1)
     off_b = (off_bh // H).to(tl.int64)
@@ -324,12 +339,12 @@ def flash_bwd_dkdv_kernel(
         _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, Delta_base, col0, N,
                        softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                        stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
-                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, _TAIL, BLOCK_M1)
+                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, SPLIT_DS, _TAIL, BLOCK_M1)
     else:
         _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, Delta_base, col0, N,
                        softmax_scale, qk_scale, stride_qn, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                        stride_don, stride_dod, stride_dkn, stride_dkd, stride_dvn, stride_dvd,
-                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, BLOCK_N1, BLOCK_M1)
+                       HEAD_DIM, HEAD_DIM_PADDED, IEEE, SPLIT_DS, BLOCK_N1, BLOCK_M1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +354,7 @@ def flash_bwd_dkdv_kernel(
 def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
-                 MASK_N: tl.constexpr):
+                 MASK_N: tl.constexpr, SPLIT_DS: tl.constexpr):
     """One key tile's contribution to dQ (Algorithm 2, lines 11-14 and 20)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     cols = start_n + offs_n  # (BLOCK_N2,)
@@ -353,7 +368,7 @@ def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
         p = tl.where(cols[None, :] < N, p, 0.0)
     dp = _dot(do, vT, tl.zeros([do.shape[0], vT.shape[1]], dtype=tl.float32), IEEE)
     ds = p * (dp - delta[:, None])
-    dq = _dot(ds.to(kT.dtype), tl.trans(kT), dq, IEEE)
+    dq = _ds_dot(ds, tl.trans(kT), dq, IEEE, SPLIT_DS)
     return dq
 
 
@@ -383,15 +398,15 @@ def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_b
     for start_n in range(0, n_full, BLOCK_N2):
         dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
                           stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False)
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, ADD_RES)
     if _short_tail(n_full, N, BLOCK_N2):
         dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
                           stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, _TAIL), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
     elif n_full < N:
         dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
                           stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True)
+                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
 
     dq = dq * softmax_scale
     tl.store(DQ_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq.to(DQ_base.dtype.element_ty),
@@ -412,7 +427,8 @@ def flash_bwd_dq_kernel(
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_M2)·B·H,). Writes Delta = rowsum(dO ∘ O) (float32, (B, H, N); O = Out, or
-    Out + Res where ``ADD_RES``, Res laid out as Out) and dQ = scale · Σ dS K."""
+    Out + Res where ``ADD_RES``, Res laid out as Out) and dQ = scale · Σ dS K; with ``ADD_RES`` (fp32_delta) dS K as
+    two products (:func:`_ds_dot`)."""
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_m, off_bh = _tile_and_head(N, BLOCK_M2)
     off_b = (off_bh // H).to(tl.int64)

@@ -101,8 +101,8 @@ def _dq_meta(q, flags) -> dict:  # flags: (ADD_RES,)
     return {**_meta(q), "ADD_RES": bool(flags[0])}
 
 
-def _dkdv_meta(q, flags) -> dict:  # flags: ()
-    return _meta(q)
+def _dkdv_meta(q, flags) -> dict:  # flags: (SPLIT_DS,)
+    return {**_meta(q), "SPLIT_DS": bool(flags[0])}
 
 
 def launch_fwd(tuner, q, k, v, out, lse, softmax_scale, direct=False, res=None, unscaled=False):
@@ -127,12 +127,13 @@ def launch_preprocess(out, do, delta, direct=False, res=None):
                      "BLOCK_M": configs.PREPROCESS_BLOCK_M}, direct, (add_res,))
 
 
-def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=False):
+def launch_dkdv(tuner, q, k, v, do, dk, dv, lse, delta, softmax_scale, direct=False, split_ds=False):
+    """Run the dK/dV kernel; ``split_ds`` (fp32_delta's): dSᵀ Q as two products (kernels._ds_dot)."""
     N = q.shape[2]
     _launch(tuner, "BLOCK_N1", "bwd dk/dv", q, (q, k, v, do, dk, dv, lse, delta),
             (softmax_scale, softmax_scale * LOG2E),
             (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-             q.shape[1], N, configs.n_bucket(N)), lambda: _dkdv_meta(q, ()), direct)
+             q.shape[1], N, configs.n_bucket(N)), lambda: _dkdv_meta(q, (split_ds,)), direct, (split_ds,))
 
 
 def launch_dq(tuner, q, k, v, do, dq, out, lse, delta, softmax_scale, direct=False, res=None):
@@ -170,7 +171,7 @@ def _bwd_into(do, q, k, v, out, lse, softmax_scale, dq, dk, dv, direct: bool = F
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)  # rowsum(dO ∘ O)
     cls = configs.head_dim_class(d)
     launch_dq(configs.DQ[cls], q, k, v, do, dq, out, lse, delta, softmax_scale, direct, res)
-    launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale, direct)
+    launch_dkdv(configs.DKDV[cls], q, k, v, do, dk, dv, lse, delta, softmax_scale, direct, split_ds=res is not None)
 
 
 def _bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,

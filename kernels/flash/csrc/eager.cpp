@@ -217,7 +217,7 @@ void backward_kernels(const at::Tensor& dout, const at::Tensor& q, const at::Ten
   append_strides(a.ints, {&q, &k, &v, &dout, &dq, &out});
   tail(a.ints, q);
   launch(kDq, q, a);
-  Args b{{q, k, v, dout, dk, dv, lse, delta}, {scale, scale * log2e}, {}, {}};
+  Args b{{q, k, v, dout, dk, dv, lse, delta}, {scale, scale * log2e}, {}, {add_res}};  // SPLIT_DS with fp32_delta
   append_strides(b.ints, {&q, &k, &v, &dout, &dk, &dv});
   tail(b.ints, q);
   launch(kDkdv, q, b);
