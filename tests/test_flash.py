@@ -238,7 +238,7 @@ def _backward_ops(attention_name, monkeypatch):
     y = layer(torch.randn(2, 17, 64, device=DEVICE, requires_grad=True))
     launched = []
     for name in LAUNCHES:
-        monkeypatch.setattr(op, name, lambda *args, name=name: launched.append(name))
+        monkeypatch.setattr(op, name, lambda *args, name=name, **kwargs: launched.append(name))
     return _recorded_ops(lambda: y.backward(torch.randn_like(y))) + launched
 
 
