@@ -295,7 +295,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
                     save_best(ckpt_dir, best, top1, state.step, improved, cfg.checkpoint.keep_best)
             last_path = save_step()
     except BaseException:
-        data.cancel()  # a next epoch begun before validation: its decode thread and prefetched batches
+        data.cancel()  # the loader's running or begun iteration (decode thread, prefetched batches)
         raise
     train_seconds = state.train_seconds = seconds_before + time.perf_counter() - t_start
 

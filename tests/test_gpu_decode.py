@@ -265,6 +265,11 @@ def test_a_second_start_or_a_cancel_stops_the_begun_thread(folder):
     loader.cancel()
     assert loader._started is None and not any(t.name == "gpu-decode" for t in threading.enumerate())
     assert len(list(loader)) == 3  # a cancelled start leaves the loader as new
+    it = iter(loader)
+    next(it)  # an iteration being taken, as train_epoch's when training raises: cancel() ends its thread too
+    loader.cancel()
+    assert loader._live is None and not any(t.name == "gpu-decode" for t in threading.enumerate())
+    assert len(list(loader)) == 3
 
 
 def test_gpu_decode_needs_loader_workers():

@@ -316,10 +316,11 @@ class Data:
         self.started = (epoch, 0)
 
     def cancel(self) -> None:
-        """Stop an iteration :meth:`start_epoch` began and nothing took (its decode thread ends); nothing if none."""
-        if self.started is not None:
+        """Stop the train loader's begun (:meth:`start_epoch`) or running iteration: its decode thread ends, e.g. when
+        training stops on an error while an iterator of it is still referenced."""
+        if hasattr(self.train_loader, "cancel"):
             self.train_loader.cancel()
-            self.started = None
+        self.started = None
 
     def num_bad(self) -> int:
         """Undecodable image files met so far in train and val (0 for synthetic data)."""

@@ -355,7 +355,8 @@ class GpuDecodeLoader(LoaderView):
         self.depth = depth
         self.stream = torch.cuda.Stream(device=self.device) if self.device.type == "cuda" else None
 
-    _started = None  # (queue, stop event, thread) of an iteration begun by start()
+    _started = None  # (queue, stop event, thread) of an iteration begun by start(), not yet taken
+    _live = None  # the same of the iteration being taken
 
     def start(self) -> None:
         """Begin the next iteration now: the workers start reading and the thread decoding its first ``depth``
@@ -364,18 +365,21 @@ class GpuDecodeLoader(LoaderView):
         one. With workers the sampler is read here; without, in the thread, so it must not change until then. An
         iteration begun before and not taken is stopped first."""
         self.cancel()
-        self.loader.start()
         self._started = self._begin()
 
     def cancel(self) -> None:
-        """Stop an iteration begun by :meth:`start` and not taken by ``iter()`` (its thread ends; nothing if none)."""
-        if self._started is not None:
-            ready, stop, thread = self._started
-            self._started = None
-            _stop(ready, stop, thread)
+        """Stop the iteration begun by :meth:`start` and the one being taken, if any (their threads end), e.g. when
+        training stops on an error; the next ``iter()`` begins anew. An iterator taken before must not be used after."""
+        for name in ("_started", "_live"):
+            if getattr(self, name) is not None:
+                _stop(*getattr(self, name))
+                setattr(self, name, None)
         self.loader.cancel()
 
     def _begin(self) -> tuple:
+        """The loader's iteration begun in the caller's thread (its workers are forked from there), and a thread
+        decoding its batches into a queue."""
+        self.loader.start()
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         thread = threading.Thread(target=self._produce, args=(iter(self.loader), ready, stop), daemon=True,
@@ -384,7 +388,9 @@ class GpuDecodeLoader(LoaderView):
         return ready, stop, thread
 
     def __iter__(self):
-        (ready, stop, thread), self._started = (self._started or self._begin()), None
+        live, self._started = (self._started or self._begin()), None
+        self._live = live
+        ready, stop, thread = live
         try:
             while (item := ready.get()) is not _END:
                 if isinstance(item, BaseException):
@@ -398,6 +404,8 @@ class GpuDecodeLoader(LoaderView):
                 yield self.on_device((x, y, seeds), self.device)
         finally:
             _stop(ready, stop, thread)
+            if self._live is live:
+                self._live = None
 
     def _produce(self, batches, ready: queue.Queue, stop: threading.Event) -> None:
         try:

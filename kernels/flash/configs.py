@@ -1,7 +1,8 @@
 """Autotune configurations for the flash kernels, one short list per head-dim class.
 
 Each kernel is wrapped by one ``triton.autotune`` per head-dim class (≤64, 128, 256 after padding
-to a power of two), keyed on ``(N_BUCKET, HEAD_DIM)`` plus the tensors' dtypes (Triton adds those).
+to a power of two), keyed on ``(N_BUCKET, HEAD_DIM)``, the flags that change a kernel's work (fp32_delta's) and the
+tensors' dtypes (Triton adds those).
 ``N_BUCKET`` is the next power of two of N, clamped to [128, 8192], so a new image resolution
 reuses the tuning of its bucket instead of re-tuning for its exact N. The lists are short because
 every config is compiled once per (head dim, dtype) on first use; the candidates and the measured
@@ -68,11 +69,16 @@ _INTERPRETER = {"fwd": (128, 64, 4, 1), "dkdv": (64, 128, 4, 1), "dq": (128, 64,
 PREPROCESS_BLOCK_M = 64 if INTERPRETED else 128
 
 
+# The constexpr flags that change a kernel's work (fp32_delta's residual, raw max and split dS): tuned apart (a kernel's
+# autotuner skips the names it does not take).
+_FLAGS = ("STORE_RES", "UNSCALED_MAX", "ADD_RES", "SPLIT_DS")
+
+
 def _tuned(kernel, names, table, which):
     tuners = {}
     for cls, rows in table.items():
         rows = [_INTERPRETER[which]] if INTERPRETED else rows
-        tuners[cls] = triton.autotune(_cfgs(names, rows), key=["N_BUCKET", "HEAD_DIM"],
+        tuners[cls] = triton.autotune(_cfgs(names, rows), key=["N_BUCKET", "HEAD_DIM", *_FLAGS],
                                       do_bench=_bench)(kernel)
     return tuners
 
