@@ -86,6 +86,15 @@ def _short_tail(start, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _tile_index(row0, N, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr):
+    """(row offsets (ROWS,), column offsets (HEAD_DIM_PADDED,), row mask (ROWS, 1), column mask (1, HEAD_DIM_PADDED))
+    of the tile of rows row0 … row0 + ROWS − 1 of one (batch, head)'s (N, d) q, k, v, out or gradient."""
+    offs = row0 + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    return offs, offs_d, offs[:, None] < N, offs_d[None, :] < HEAD_DIM
+
+
+@triton.jit
 def _tile_and_head(N, BLOCK: tl.constexpr):
     """(tile index along N, batch·head index) of this program on the 1-D grid (cdiv(N, BLOCK)·B·H,).
 
@@ -137,10 +146,7 @@ def _fwd_rows(Q_base, K_base, V_base, O_base, Lse_base, R_base, row0, N, qk_scal
     """Algorithm 1 for query rows row0 … row0 + ROWS − 1 of one (batch, head): stream every K/V tile,
     then write those rows' out, lse (and res)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
-    offs_m = row0 + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_m[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
+    offs_m, offs_d, row_mask, d_mask = _tile_index(row0, N, ROWS, HEAD_DIM, HEAD_DIM_PADDED)
     q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
 
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
@@ -278,10 +284,7 @@ def _bwd_dkdv_cols(Q_base, K_base, V_base, DO_base, DK_base, DV_base, Lse_base, 
                    SPLIT_DS: tl.constexpr, COLS: tl.constexpr, BLOCK_M1: tl.constexpr):
     """dK, dV of keys col0 … col0 + COLS − 1 of one (batch, head), looping over every query tile."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
-    offs_n = col0 + tl.arange(0, COLS)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_n[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
+    offs_n, offs_d, row_mask, d_mask = _tile_index(col0, N, COLS, HEAD_DIM, HEAD_DIM_PADDED)
     k = _load(K_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, row_mask, d_mask, True, PAD_D)
     v = _load(V_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, row_mask, d_mask, True, PAD_D)
     dk = tl.zeros([COLS, HEAD_DIM_PADDED], dtype=tl.float32)  # (COLS, D)
@@ -381,10 +384,7 @@ def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_b
                  ROWS: tl.constexpr, BLOCK_N2: tl.constexpr):
     """delta and dQ of query rows row0 … row0 + ROWS − 1 of one (batch, head), looping over every key tile."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
-    offs_m = row0 + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_m[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
+    offs_m, offs_d, row_mask, d_mask = _tile_index(row0, N, ROWS, HEAD_DIM, HEAD_DIM_PADDED)
     q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
     do = _load(DO_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, row_mask, d_mask, True, PAD_D)
     o_offs = offs_m[:, None] * stride_on + offs_d[None, :] * stride_od

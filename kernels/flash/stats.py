@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..naive import check_grid
 from . import _check, configs, device_guard
-from .kernels import _LN2, LOG2E, _dot, _load, _tile_and_head
+from .kernels import _LN2, LOG2E, _dot, _load, _tile_and_head, _tile_index
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per head-dim class: the forward's first config with half
 # the key tile, for the two extra (BLOCK_M, BLOCK_N) float32 tiles (distances, s − m). Not tuned on a GPU.
@@ -100,11 +100,8 @@ def flash_stats_fwd_kernel(
     K_base = K + off_b * stride_kb + off_h * stride_kh
     V_base = V + off_b * stride_vb + off_h * stride_vh
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m, offs_d, row_mask, d_mask = _tile_index(start_m * BLOCK_M, N, BLOCK_M, HEAD_DIM, HEAD_DIM_PADDED)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    row_mask = offs_m[:, None] < N
-    d_mask = offs_d[None, :] < HEAD_DIM
     q = _load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
               row_mask, d_mask, True, PAD_D)
     row_y, row_x, row_patch = _coords(offs_m, NUM_PREFIX, GRID_W)
