@@ -125,6 +125,11 @@ def dq_splits(q: Tensor, bwd_warps: int) -> int:
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())
 def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> tuple[Tensor, Tensor]:
+    return _fwd(q, k, v, softmax_scale)
+
+
+def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
+    """(out, lse) of the forward :func:`fwd_path` picks."""
     ext = extension()
     out, lse = (ext.fwd_sm90 if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
     return out, lse
@@ -195,9 +200,7 @@ attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("vit_cuda::attn_fwd_qkvpacked", mutates_args=())
 def attn_fwd_qkvpacked(qkv: Tensor, softmax_scale: float, deterministic: bool) -> tuple[Tensor, Tensor]:
-    q, k, v = split_qkv(qkv)
-    out, lse = (extension().fwd_sm90 if fwd_path(q) == "sm90" else extension().fwd)(q, k, v, softmax_scale)
-    return out, lse
+    return _fwd(*split_qkv(qkv), softmax_scale)
 
 
 @attn_fwd_qkvpacked.register_fake
