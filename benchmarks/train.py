@@ -76,6 +76,8 @@ PRESETS = {
 }
 # Rough wall-clock cost of one configuration on an H200, used only to stop before the time budget.
 EXPECTED_S = {False: 10.0, True: 75.0}
+# torch.compile's modes; the CUDA-graph ones (max-autotune, reduce-overhead) replay the step's kernels from a graph.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead")
 
 
 def flops_per_image(size: str, img_size: int, patch_size: int = 16, num_classes: int = 1000,
@@ -131,6 +133,11 @@ def train_step(model, opt, x, y, clip_grad: float | None, device: str) -> torch.
     return loss.detach()
 
 
+def compile_mode(args) -> str | None:
+    """``torch.compile``'s ``mode`` for ``--compile-mode`` (None: its default)."""
+    return None if args.compile_mode == "default" else args.compile_mode
+
+
 def prepare(impl, model_name, compiled, args, device, row):
     """Build one configuration and take its warm-up steps; returns ``step()``, one timed-to-be training step."""
     spec = MODELS[model_name]
@@ -141,7 +148,7 @@ def prepare(impl, model_name, compiled, args, device, row):
         row["attention"] = "sdpa (timm fused_attn)" if getattr(model.blocks[0].attn, "fused_attn", False) else \
             "explicit softmax (timm)"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=device == "cuda")
-    step_model = torch.compile(model) if compiled else model
+    step_model = torch.compile(model, mode=compile_mode(args)) if compiled else model
     x = torch.randn(B, 3, S, S, device=device)  # (B, 3, S, S) synthetic images
     y = torch.randint(0, 1000, (B,), device=device)  # (B,) labels
     row["batch"] = B
@@ -310,7 +317,8 @@ def render_markdown(env, config, rows) -> str:
     rounds = config.get("rounds", 1)
     notes = [(f"Preset `{config['preset']}`; {config['warmup']} warm-up steps (incl. compilation) excluded, median of "
               f"{config['steps']} timed steps; bf16 autocast, AdamW(fused on CUDA), synthetic data on the device, "
-              f"clip_grad={config['clip_grad']}, cudnn.benchmark=True."),
+              f"clip_grad={config['clip_grad']}, cudnn.benchmark=True, torch.compile mode "
+              f"{config.get('compile_mode', 'default')!r}."),
              ("'images/s' = batch / median step (CUDA events); 'wall images/s' = every timed step by the wall "
               "clock, pauses (Python's garbage collector, allocator) included.")]
     if rounds > 1:
@@ -343,7 +351,8 @@ def run_models(args, device, env) -> dict:
               "warmup": preset["warmup"] if args.warmup is None else args.warmup,
               "steps": args.steps or preset["steps"],
               "max_minutes": args.max_minutes or preset["max_minutes"],
-              "matmul_size": args.matmul_size or preset["matmul_size"], "clip_grad": args.clip_grad}
+              "matmul_size": args.matmul_size or preset["matmul_size"], "clip_grad": args.clip_grad,
+              "compile_mode": args.compile_mode}
     args.warmup, args.steps = config["warmup"], config["steps"]
     torch.backends.cudnn.benchmark = True  # as timm's train.py does; only the patch-embed conv uses cuDNN
     config["matmul_tflops"] = matmul_ceiling_tflops(config["matmul_size"], device) if device == "cuda" else None
@@ -404,6 +413,8 @@ def parse_args(argv=None):
     p.add_argument("--eager", nargs="*", help="implementations to run eagerly: timm and/or backend names")
     p.add_argument("--compiled", nargs="*", help="implementations to run under torch.compile ([] for none)")
     p.add_argument("--batch-size", type=int, help="override the model's batch size")
+    p.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                   help="torch.compile's mode for every --compiled implementation alike (default: %(default)s)")
     p.add_argument("--warmup", type=int, help="untimed steps per configuration (include compilation)")
     p.add_argument("--steps", type=int, help="timed steps per configuration; the median is reported")
     p.add_argument("--rounds", type=int, default=1,
