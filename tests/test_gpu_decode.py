@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.functional as TF
+import torchvision.transforms.v2.functional as F2
 from omegaconf import OmegaConf
 from PIL import Image
 
@@ -159,6 +160,30 @@ def test_batch_step_matches_the_cpu_transform(folder):
         assert (x.int() - reference.int()).abs().float().mean() < 0.1
 
 
+def v2_gpu_arithmetic(img, box, size, mode):
+    """torchvision v2 ``resized_crop`` as it runs on a CUDA uint8 image: float32 resize, clamp (bicubic), round."""
+    out = F2.resized_crop(img.float(), *box, size, mode, antialias=True)
+    out = out.clamp(0, 255) if mode == TF.InterpolationMode.BICUBIC else out
+    return out.round().to(torch.uint8)
+
+
+def test_float_resized_crops_are_v2s_gpu_arithmetic():
+    """The batched crop + resize = v2 ``resized_crop``'s GPU arithmetic per image, bitwise (on a GPU: the gpu test
+    below against v2 itself), for boxes smaller, larger and of the output's size; on CPU tensors resized_crops is
+    v2's own (uint8 natively)."""
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in ((37, 51), (20, 16), (9, 30))]
+    boxes = [[3, 5, 30, 40], [2, 1, 12, 12], [0, 0, 9, 30]]
+    for mode in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
+        out = gd.float_resized_crops(images, boxes, [12, 12], mode)
+        assert out.dtype == torch.uint8 and out.shape == (3, 3, 12, 12)
+        for b, (img, box) in enumerate(zip(images, boxes)):
+            assert torch.equal(out[b], v2_gpu_arithmetic(img, box, [12, 12], mode)), (mode, b)
+        assert torch.equal(out[1], images[1][:, 2:14, 1:13])  # a box of the output's size is the crop itself
+        cpu = gd.resized_crops(images, boxes, [12, 12], mode)
+        assert torch.equal(cpu[0], F2.resized_crop(images[0], *boxes[0], [12, 12], mode, antialias=True))
+
+
 def test_color_jitter_is_pils(folder):
     img = Image.fromarray(smooth(3, 21, 17))
     x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1)[None].repeat(3, 1, 1, 1)
@@ -302,6 +327,17 @@ def test_gpu_decode_matches_pil(folder):
         assert (gpu.cpu().int() - pil.int()).abs().float().mean() < 2, path
         compared += 1
     assert compared >= 5, f"only {compared} files were decoded on the GPU"
+
+
+@pytest.mark.gpu
+def test_gpu_resized_crops_are_v2_resized_crop():
+    g = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g).cuda() for h, w in ((375, 500), (64, 48))]
+    boxes = [[10, 20, 300, 260], [0, 0, 64, 48]]
+    for mode in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
+        out = gd.resized_crops(images, boxes, [224, 224], mode)
+        for b, (img, box) in enumerate(zip(images, boxes)):
+            assert torch.equal(out[b], F2.resized_crop(img, *box, [224, 224], mode, antialias=True)), (mode, b)
 
 
 @pytest.mark.gpu
