@@ -666,15 +666,27 @@ def test_deterministic_option_is_a_bool_and_a_config_option():
         create_model("debug", attention="cuda", attention_options={"determinstic": True}, num_classes=3)
 
 
-def test_dq_splits_fill_the_sms_once_and_stay_within_the_key_tiles(monkeypatch):
-    """FlashAttention-2's count: ceil(SMs / (B·H)) slices per (batch, head), at least 1, at most one per key tile."""
+def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
+    """The slices per (batch, head): waves × tiles per CTA within 10 % of the best count's (and of the ideal, the
+    whole work spread over every CTA slot), at least 1, at most one per key tile or MAX_DQ_SPLITS; where
+    FlashAttention-2's ceil(SMs / (B·H)) leaves a second wave nearly empty it is not taken."""
     monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
-    cases = {(8, 12, 4096): 2, (1, 2, 4096): 32, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3}
+    monkeypatch.setattr(ops, "_split_ctas_per_sm", lambda index, dtype, d, warps: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cases = {(2, 12, 16384): 5, (8, 12, 4096): 4, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3, (1, 2, 4096): 16}
     for (B, H, N), want in cases.items():
-        q = torch.empty(B, H, N, 64, device="meta")
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        assert ops.dq_splits(q, 8) == want, (B, H, N)
-    assert ops.dq_splits(torch.empty(1, 2, 4096, 64, device="meta"), 4) == 64
+        assert ops.dq_splits(torch.empty(B, H, N, 64, device="meta"), 8) == want, (B, H, N)
+    def cost(heads, tiles, per_wave, s):
+        return -(-heads * s // per_wave) * -(-tiles // s)  # waves × key tiles per CTA
+
+    for heads, tiles, per_wave in [(24, 128, 132), (96, 32, 264), (3072, 2, 132), (7, 300, 132), (200, 5, 264)]:
+        s = ops.splits_for(heads, tiles, per_wave)
+        allowed = range(1, min(tiles, ops.MAX_DQ_SPLITS) + 1)
+        assert s in allowed
+        assert cost(heads, tiles, per_wave, s) <= 1.1 * min(cost(heads, tiles, per_wave, t) for t in allowed)
+        assert cost(heads, tiles, per_wave, s) <= 1.15 * heads * tiles / per_wave + tiles / ops.MAX_DQ_SPLITS + 1
+    fa2 = -(-132 // 24)  # 6 at (2, 12, 16384, 64): 144 CTAs, 12 of them in a second wave
+    assert -(-24 * fa2 // 132) * -(-128 // fa2) > 1.5 * 24 * 128 / 132
 
 
 @pytest.mark.gpu

@@ -113,14 +113,38 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def _split_ctas_per_sm(index: int, dtype: torch.dtype, head_dim: int, bwd_warps: int) -> int:
+    return extension().bwd_split_ctas_per_sm(dtype == torch.bfloat16, head_dim, bwd_warps, index)
+
+
+# At most this many dq slices (each a float32 (B, H, N, d) buffer): 5 already fill a wave at B·H = 24 on 132 SMs.
+MAX_DQ_SPLITS = 16
+
+
 def dq_splits(q: Tensor, bwd_warps: int) -> int:
-    """The deterministic backward's dq slices for ``q`` (B, H, N, d) on its GPU: FlashAttention-2's choice,
-    enough CTAs to fill every SM once (ceil(SMs / (B·H)) per (batch, head)), at most one per key tile of
-    16·bwd_warps rows. Each slice costs a float32 (B, H, N, d) buffer, summed at the end."""
-    B, H, N = q.shape[:3]
+    """The deterministic backward's dq slices s for ``q`` (B, H, N, d) on its GPU: CTA j of a (batch, head) walks
+    key tiles j, j + s, ... (tiles of 16·bwd_warps keys) into slice j. Its time goes as waves × tiles per CTA,
+    ceil(B·H·s / (SMs · CTAs per SM)) · ceil(tiles / s); the smallest s within 10 % of the best is taken (each
+    slice costs a float32 (B, H, N, d) buffer, summed at the end). FlashAttention-2's ceil(SMs / (B·H)) measured
+    1.84× the atomic backward's time at (2, 12, 16384, 64) on an H200, where it makes 144 CTAs of one wave's 132:
+    a second wave for 12 of them (benchmarks/results/cuda_h200.md)."""
+    B, H, N, d = q.shape
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     tiles = -(-N // (16 * bwd_warps))
-    return max(1, min(tiles, -(-_sm_count(index) // max(1, B * H))))
+    per_wave = _sm_count(index) * _split_ctas_per_sm(index, q.dtype, d, bwd_warps)
+    return splits_for(B * H, tiles, per_wave)
+
+
+def splits_for(heads: int, tiles: int, per_wave: int) -> int:
+    """:func:`dq_splits`'s choice for ``heads`` = B·H (batch, head) pairs of ``tiles`` key tiles each, on a GPU
+    running ``per_wave`` CTAs at once."""
+    def cost(s: int) -> int:
+        return -(-heads * s // per_wave) * -(-tiles // s)
+
+    candidates = range(1, max(1, min(tiles, MAX_DQ_SPLITS)) + 1)
+    best = min(cost(s) for s in candidates)
+    return next(s for s in candidates if cost(s) <= 1.1 * best)
 
 
 @torch.library.custom_op("vit_cuda::attn_fwd", mutates_args=())

@@ -219,6 +219,21 @@ std::vector<at::Tensor> bwd_sm90_dqcols(at::Tensor dout, at::Tensor q, at::Tenso
   return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true, 0, dqkv);
 }
 
+// CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
+// holds at once. Takes no tensor, so torch.compile's tracing (fake tensors) can ask too.
+int64_t bwd_split_ctas_per_sm(bool bf16, int64_t head_dim, int64_t bwd_warps, int64_t device) {
+  TORCH_CHECK_VALUE(head_dim == 32 || head_dim == 64 || head_dim == 128, "head_dim must be 32, 64 or 128, got ",
+                    head_dim);
+  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  int ctas = 0;
+  dispatch(bf16 ? at::kBFloat16 : at::kHalf, head_dim, [&](auto dt, auto hd) {
+    ctas = vitk::bwd_split_ctas_per_sm<decltype(dt)::value, decltype(hd)::value>(static_cast<int>(bwd_warps));
+  });
+  TORCH_CHECK(ctas > 0, "the occupancy query of the deterministic backward failed");
+  return ctas;
+}
+
 at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
   TORCH_CHECK_VALUE(a.is_cuda() && b.is_cuda() && a.device() == b.device(), "a and b must be on one CUDA device");
   TORCH_CHECK_TYPE(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "a and b must be float32");
@@ -246,6 +261,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd", &bwd, "attention backward, mma.sync: (dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, "
         "dqkv) -> [dq, dk, dv]; dq_splits > 0: deterministic (bitwise the same every run); dqkv: None, or a packed "
         "(B, N, 3, H, d) gradient the three are written into (and returned as views of)");
+  m.def("bwd_split_ctas_per_sm", &bwd_split_ctas_per_sm, "CTAs of the deterministic mma.sync backward (dq_splits > 0) "
+        "that one SM holds at once: (bf16, head_dim, bwd_warps, device) -> int");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
         "dqkv) -> [dq, dk, dv]");
   m.def("bwd_sm90_dqcols", &bwd_sm90_dqcols, "bwd_sm90 with dQ split by columns across the consumers "

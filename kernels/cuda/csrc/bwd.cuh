@@ -253,6 +253,22 @@ template <int DTYPE, int D, int WARPS> cudaError_t launch_bwd_kernel(const BwdPa
   return cudaGetLastError();
 }
 
+template <int DTYPE, int D, int WARPS> int split_ctas_per_sm() {
+  using Tr = BwdTraits<D, WARPS>;
+  auto kernel = bwd_kernel<DTYPE, D, WARPS, true>;
+  int ctas = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, Tr::kThreads, Tr::kSmemBytes) != cudaSuccess)
+    return 0;
+  return ctas;
+}
+
+template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps) {
+  if (bwd_warps == 8) return split_ctas_per_sm<DTYPE, D, 8>();
+  if (bwd_warps == 4) return split_ctas_per_sm<DTYPE, D, 4>();
+  return 0;
+}
+
 template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t stream) {
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
@@ -266,5 +282,6 @@ template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t
 
 }  // namespace vitk
 
-#define VITK_INSTANTIATE_BWD(DTYPE, D) \
-  template cudaError_t vitk::run_bwd<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t);
+#define VITK_INSTANTIATE_BWD(DTYPE, D)                                                      \
+  template cudaError_t vitk::run_bwd<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t); \
+  template int vitk::bwd_split_ctas_per_sm<vitk::DTYPE, D>(int);

@@ -40,6 +40,8 @@ struct BwdParams {
 // One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
 template <int DTYPE, int D> cudaError_t run_fwd(const FwdParams &p, cudaStream_t stream);
 template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t stream);
+// CTAs of the deterministic (dq_splits > 0) mma.sync backward one SM holds at once (0 if the query fails).
+template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 // Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
 template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what);
