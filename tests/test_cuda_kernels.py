@@ -27,6 +27,7 @@ import torch
 from conftest import check_against_reference, make_qkv, max_err, pack_qkv, reference_attention
 
 from kernels import get_attention
+from kernels import cuda
 from kernels.cuda import attention, build, check_inputs, ops
 
 ARCHES = ("sm_80", "sm_90a")  # torch builds compute capability 9.0 as 9.0a (build.arch_list)
@@ -583,7 +584,7 @@ def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head
     128, N ≥ 1024, where auto would run the Hopper backward, the mma.sync one runs instead."""
     q, k, v = make_qkv(B, H, N, head_dim, dtype=torch.bfloat16, device="cuda")
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    splits = ops.dq_splits(q, ops.BWD_WARPS)
+    splits = ops.dq_splits(q.new_empty(B, H, N, cuda._padded_head_dim(head_dim)), ops.BWD_WARPS)  # as the op sees q
     first = _grads(q, k, v, do, deterministic=True)
     for _ in range(4):
         assert all(torch.equal(a, b) for a, b in zip(first, _grads(q, k, v, do, deterministic=True))), splits
@@ -676,6 +677,8 @@ def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
     cases = {(2, 12, 16384): 5, (8, 12, 4096): 4, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3, (1, 2, 4096): 16}
     for (B, H, N), want in cases.items():
         assert ops.dq_splits(torch.empty(B, H, N, 64, device="meta"), 8) == want, (B, H, N)
+    with pytest.raises(ValueError, match="head_dim 32, 64 or 128"):
+        ops.dq_splits(torch.empty(1, 1, 17, 80, device="meta"), 8)
     def cost(heads, tiles, per_wave, s):
         return -(-heads * s // per_wave) * -(-tiles // s)  # waves × key tiles per CTA
 

@@ -130,6 +130,8 @@ def dq_splits(q: Tensor, bwd_warps: int) -> int:
     1.84× the atomic backward's time at (2, 12, 16384, 64) on an H200, where it makes 144 CTAs of one wave's 132:
     a second wave for 12 of them (benchmarks/results/cuda_h200.md)."""
     B, H, N, d = q.shape
+    if d not in (32, 64, 128):
+        raise ValueError(f"dq_splits takes q as the kernels get it, head_dim 32, 64 or 128 (others padded), got {d}")
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     tiles = -(-N // (16 * bwd_warps))
     per_wave = _sm_count(index) * _split_ctas_per_sm(index, q.dtype, d, bwd_warps)
