@@ -199,6 +199,30 @@ def test_color_jitter_is_pils(folder):
         assert (out[b].int() - ref.int()).abs().max() <= 1, b
 
 
+def jitter_op_by_op(x, order, factors):
+    """The colour jitter written plainly, every op blended for the whole batch and kept where it applies."""
+    x, f = x.float(), factors.view(-1, 3, 1, 1, 1)
+    for position in range(4):
+        for op in range(3):
+            applies = (order[:, position] == op).view(-1, 1, 1, 1)
+            base = (torch.zeros_like(x[:, :1]) if op == 0 else
+                    (gd.gray(x).mean(dim=(1, 2, 3), keepdim=True) + 0.5).floor_() if op == 1 else gd.gray(x))
+            x = torch.where(applies, gd._floor_blend(x, base, f[:, op]), x)
+    return x.to(torch.uint8)
+
+
+def test_color_jitter_is_the_op_by_op_jitter_bitwise():
+    """One blend per position (each image's own base and factor) = every op blended and selected, bitwise, for
+    random orders (hue's position included), factors and pixels; also where no image needs the grayscale."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (16, 3, 9, 11), dtype=torch.uint8, generator=g)
+    order = torch.stack([torch.randperm(4, generator=g) for _ in range(16)])
+    factors = 0.6 + 0.8 * torch.rand(16, 3, generator=g)
+    assert torch.equal(gd.color_jitter(x, order, factors), jitter_op_by_op(x, order, factors))
+    only_brightness = torch.tensor([[0, 3, 3, 3]] * 16)
+    assert torch.equal(gd.color_jitter(x, only_brightness, factors), jitter_op_by_op(x, only_brightness, factors))
+
+
 def test_decoder_failures_fall_back_to_pil_or_count_a_bad_file(folder, patched):
     _, images, seeded, decoder = make(folder)
     paths = [p for p, _ in images.samples]
@@ -338,6 +362,16 @@ def test_gpu_resized_crops_are_v2_resized_crop():
         out = gd.resized_crops(images, boxes, [224, 224], mode)
         for b, (img, box) in enumerate(zip(images, boxes)):
             assert torch.equal(out[b], F2.resized_crop(img, *box, [224, 224], mode, antialias=True)), (mode, b)
+
+
+@pytest.mark.gpu
+def test_gpu_color_jitter_is_the_op_by_op_jitter_bitwise():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 256, (32, 3, 64, 48), dtype=torch.uint8, generator=g)
+    order = torch.stack([torch.randperm(4, generator=g) for _ in range(32)])
+    factors = 0.6 + 0.8 * torch.rand(32, 3, generator=g)
+    out = gd.color_jitter(x.cuda(), order, factors)
+    assert out.is_cuda and torch.equal(out, jitter_op_by_op(x.cuda(), order.cuda(), factors.cuda()))
 
 
 @pytest.mark.gpu

@@ -235,17 +235,19 @@ def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) ->
     factors: float32 (B, 3). Returns uint8 (B, 3, H, W), on x's device.
     """
     x = x.float()
-    order, f = order.to(x.device), factors.to(x.device).view(-1, 3, 1, 1, 1)
+    needs_gray = ((order == 1) | (order == 2)).any(0).tolist()  # per position, from the host copy: no device sync
+    f = torch.cat([factors, torch.ones_like(factors[:, :1])], 1)  # (B, 4): hue's factor 1 leaves x as it is
+    f = f.gather(1, order).to(x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1): each position's factor
+    order = order.to(x.device)
     for position in range(4):
-        for op in range(3):
-            applies = (order[:, position] == op).view(-1, 1, 1, 1)
-            if op == 0:
-                base = torch.zeros_like(x[:, :1])
-            elif op == 1:
-                base = (gray(x).mean(dim=(1, 2, 3), keepdim=True) + 0.5).floor_()
-            else:
-                base = gray(x)
-            x = torch.where(applies, _floor_blend(x, base, f[:, op]), x)
+        op = order[:, position].view(-1, 1, 1, 1)  # (B, 1, 1, 1)
+        base = torch.zeros_like(x[:, :1])  # (B, 1, H, W): black, for brightness (and hue)
+        if needs_gray[position]:
+            g = gray(x)
+            mean = (g.mean(dim=(1, 2, 3), keepdim=True) + 0.5).floor_()
+            base = torch.where(op == 2, g, torch.where(op == 1, mean, base))
+        # one blend per position, with each image's own base and factor: 5 passes over the batch (18 for a blend per op)
+        x = _floor_blend(x, base, f[:, position])
     return x.to(torch.uint8)
 
 
