@@ -667,6 +667,19 @@ def test_deterministic_option_is_a_bool_and_a_config_option():
         create_model("debug", attention="cuda", attention_options={"determinstic": True}, num_classes=3)
 
 
+@pytest.mark.gpu
+def test_a_check_in_the_extension_raises_instead_of_crashing():
+    """A TORCH_CHECK_VALUE in api.cpp reaches Python as a ValueError. Run in a child process: on the H200 a call that
+    should have raised one (dq_splits with head_dim 80, 2026-12-01) ended the process with a segfault instead."""
+    code = ("from kernels.cuda.ops import extension\n"
+            "try:\n    extension().bwd_split_ctas_per_sm(True, 80, 8, 0)\n"
+            "except ValueError as e:\n    print('raised', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0 and "raised head_dim must be 32, 64 or 128" in proc.stdout, (proc.returncode,
+                                                                                          proc.stderr[-2000:])
+
+
 def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
     """The slices per (batch, head): waves × tiles per CTA within 10 % of the best count's (and of the ideal, the
     whole work spread over every CTA slot), at least 1, at most one per key tile or MAX_DQ_SPLITS; where
@@ -674,7 +687,7 @@ def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
     monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
     monkeypatch.setattr(ops, "_split_ctas_per_sm", lambda index, dtype, d, warps: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    cases = {(2, 12, 16384): 5, (8, 12, 4096): 4, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3, (1, 2, 4096): 16}
+    cases = {(2, 12, 16384): 5, (8, 12, 4096): 4, (256, 12, 197): 1, (1, 1, 17): 1, (1, 1, 300): 3, (1, 2, 4096): 32}
     for (B, H, N), want in cases.items():
         assert ops.dq_splits(torch.empty(B, H, N, 64, device="meta"), 8) == want, (B, H, N)
     with pytest.raises(ValueError, match="head_dim 32, 64 or 128"):
@@ -682,12 +695,15 @@ def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
     def cost(heads, tiles, per_wave, s):
         return -(-heads * s // per_wave) * -(-tiles // s)  # waves × key tiles per CTA
 
-    for heads, tiles, per_wave in [(24, 128, 132), (96, 32, 264), (3072, 2, 132), (7, 300, 132), (200, 5, 264)]:
-        s = ops.splits_for(heads, tiles, per_wave)
-        allowed = range(1, min(tiles, ops.MAX_DQ_SPLITS) + 1)
+    for heads, tiles, per_wave, most in [(24, 128, 132, 64), (96, 32, 264, 16), (3072, 2, 132, 64), (7, 300, 132, 8),
+                                         (200, 5, 264, 64), (24, 128, 132, 2)]:
+        s = ops.splits_for(heads, tiles, per_wave, most)
+        allowed = range(1, min(tiles, most) + 1)
         assert s in allowed
         assert cost(heads, tiles, per_wave, s) <= 1.1 * min(cost(heads, tiles, per_wave, t) for t in allowed)
-        assert cost(heads, tiles, per_wave, s) <= 1.15 * heads * tiles / per_wave + tiles / ops.MAX_DQ_SPLITS + 1
+        assert cost(heads, tiles, per_wave, s) <= 1.15 * heads * tiles / per_wave + tiles / min(tiles, most) + 1
+    big = torch.empty(1, 1, 1 << 20, 128, device="meta")  # one slice is 512 MiB: at most 2 fit the budget
+    assert ops.dq_splits(big, 8) == 2
     fa2 = -(-132 // 24)  # 6 at (2, 12, 16384, 64): 144 CTAs, 12 of them in a second wave
     assert -(-24 * fa2 // 132) * -(-128 // fa2) > 1.5 * 24 * 128 / 132
 

@@ -362,6 +362,9 @@ def test_gpu_resized_crops_are_v2_resized_crop():
         out = gd.resized_crops(images, boxes, [224, 224], mode)
         for b, (img, box) in enumerate(zip(images, boxes)):
             assert torch.equal(out[b], F2.resized_crop(img, *box, [224, 224], mode, antialias=True)), (mode, b)
+    outside = [[-4, 30, 100, 90], [0, 0, 64, 48]]  # v2 pads a box that leaves the image: its own path runs
+    out = gd.resized_crops(images, outside, [224, 224], TF.InterpolationMode.BICUBIC)
+    assert torch.equal(out[0], F2.resized_crop(images[0], *outside[0], [224, 224], TF.InterpolationMode.BICUBIC))
 
 
 @pytest.mark.gpu

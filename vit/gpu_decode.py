@@ -231,14 +231,14 @@ def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) ->
     PIL's ImageEnhance computes it on each image: brightness blends with black, contrast with the rounded mean
     of the grayscale image, saturation with the grayscale image; truncated to uint8 after each op.
 
-    x: uint8 (B, 3, H, W); order: int64 (B, 4) op ids (0 brightness, 1 contrast, 2 saturation, 3 hue: skipped);
-    factors: float32 (B, 3). Returns uint8 (B, 3, H, W), on x's device.
+    x: uint8 (B, 3, H, W); order: int64 (B, 4) op ids (0 brightness, 1 contrast, 2 saturation, 3 hue: skipped) and
+    factors: float32 (B, 3), both on the CPU (as the workers' draws arrive). Returns uint8 (B, 3, H, W), on x's device.
     """
     x = x.float()
-    needs_gray = ((order == 1) | (order == 2)).any(0).tolist()  # per position, from the host copy: no device sync
+    needs_gray = ((order == 1) | (order == 2)).any(0).tolist()  # per position, read on the host
     f = torch.cat([factors, torch.ones_like(factors[:, :1])], 1)  # (B, 4): hue's factor 1 leaves x as it is
-    f = f.gather(1, order).to(x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1): each position's factor
-    order = order.to(x.device)
+    f = to_device(f.gather(1, order), x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1): per position
+    order = to_device(order, x.device)
     for position in range(4):
         op = order[:, position].view(-1, 1, 1, 1)  # (B, 1, 1, 1)
         base = torch.zeros_like(x[:, :1])  # (B, 1, H, W): black, for brightness (and hue)
@@ -249,6 +249,12 @@ def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) ->
         # one blend per position, with each image's own base and factor: 5 passes over the batch (18 for a blend per op)
         x = _floor_blend(x, base, f[:, position])
     return x.to(torch.uint8)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``device`` without a host sync: a copy from pageable memory synchronises the stream,
+    one from pinned memory is queued on it."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 class GpuDecoder:
@@ -278,7 +284,7 @@ class GpuDecoder:
             images[b] = img
         boxes = [m[3:7] for m in meta.tolist()]
         x = resized_crops(images, boxes, list(self.aug.crop.size), self.aug.crop.interpolation)  # (B, 3, H, W) uint8
-        flips = meta[:, 7].bool().to(device, non_blocking=True).view(-1, 1, 1, 1)
+        flips = to_device(meta[:, 7].bool(), device).view(-1, 1, 1, 1)
         x = torch.where(flips, x.flip(-1), x)
         if self.aug.jitters:
             x = color_jitter(x, order, factors)
@@ -327,7 +333,10 @@ def resized_crops(images: list[torch.Tensor], boxes: list[list[int]], size: list
     bilinear and bicubic, v2 resizes in float32 and rounds (bicubic clamped to [0, 255] first): the rounding is done
     here once for the batch instead of per image (:func:`float_resized_crops`: two kernels an image instead of
     five, and no v2 dispatch). On the CPU (v2 resizes uint8 natively there) and for other modes, v2 per image."""
-    if images[0].is_cuda and mode in (T.InterpolationMode.BILINEAR, T.InterpolationMode.BICUBIC):
+    inside = all(top >= 0 and left >= 0 and top + h <= img.shape[-2] and left + w <= img.shape[-1]
+                 for img, (top, left, h, w) in zip(images, boxes))  # timm's boxes always are; v2 pads the others
+    if images[0].is_cuda and mode in (T.InterpolationMode.BILINEAR, T.InterpolationMode.BICUBIC) and inside \
+            and len(size) == 2:
         return float_resized_crops(images, boxes, size, mode)
     return torch.stack([F.resized_crop(img, *box, size, interpolation=mode, antialias=True)
                         for img, box in zip(images, boxes)])
@@ -444,7 +453,7 @@ class GpuDecodeLoader(LoaderView):
             for batch in batches:
                 with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
                     x, y, seeds = self.decoder(batch, self.device)
-                    y = y.to(self.device, non_blocking=True)
+                    y = to_device(y, self.device)
                     event = self.stream.record_event() if self.stream is not None else None
                 if not _put(ready, (x, y, seeds, event), stop):
                     return

@@ -27,6 +27,8 @@ from .build import extension
 # H200, bf16, fwd+bwd: 8 warps 6.42 ms vs 4 warps 6.93 ms at (8, 12, 4096, 64); 1.37 ms both at
 # (256, 12, 197, 64) (benchmarks/results/cuda_h200.md). Override with VIT_CUDA_BWD_WARPS=4.
 BWD_WARPS = int(os.environ.get("VIT_CUDA_BWD_WARPS", "8"))
+if BWD_WARPS not in (4, 8):
+    raise ValueError(f"VIT_CUDA_BWD_WARPS must be 4 or 8 (warps per CTA of the dK/dV kernel), got {BWD_WARPS}")
 # Which kernels: "auto" (the rules below), "sm80" (mma.sync everywhere) or "sm90" (Hopper's
 # wgmma/TMA kernels; an error where they cannot run).
 FWD_PATH = os.environ.get("VIT_CUDA_FWD", "auto")
@@ -118,8 +120,9 @@ def _split_ctas_per_sm(index: int, dtype: torch.dtype, head_dim: int, bwd_warps:
     return extension().bwd_split_ctas_per_sm(dtype == torch.bfloat16, head_dim, bwd_warps, index)
 
 
-# At most this many dq slices (each a float32 (B, H, N, d) buffer): 5 already fill a wave at B·H = 24 on 132 SMs.
-MAX_DQ_SPLITS = 16
+# The dq slices together take at most this many bytes (each is a float32 (B, H, N, d) buffer, zeroed and summed):
+# 1 GiB holds the 5 slices that fill one wave at (2, 12, 16384, 64) on 132 SMs, and 32 at (1, 2, 4096, 64).
+DQ_SPLITS_BYTES = 1 << 30
 
 
 def dq_splits(q: Tensor, bwd_warps: int) -> int:
@@ -135,16 +138,16 @@ def dq_splits(q: Tensor, bwd_warps: int) -> int:
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     tiles = -(-N // (16 * bwd_warps))
     per_wave = _sm_count(index) * _split_ctas_per_sm(index, q.dtype, d, bwd_warps)
-    return splits_for(B * H, tiles, per_wave)
+    return splits_for(B * H, tiles, per_wave, max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
 
 
-def splits_for(heads: int, tiles: int, per_wave: int) -> int:
+def splits_for(heads: int, tiles: int, per_wave: int, most: int) -> int:
     """:func:`dq_splits`'s choice for ``heads`` = B·H (batch, head) pairs of ``tiles`` key tiles each, on a GPU
-    running ``per_wave`` CTAs at once."""
+    running ``per_wave`` CTAs at once, from 1 to ``most`` slices (and at most one per key tile)."""
     def cost(s: int) -> int:
         return -(-heads * s // per_wave) * -(-tiles // s)
 
-    candidates = range(1, max(1, min(tiles, MAX_DQ_SPLITS)) + 1)
+    candidates = range(1, max(1, min(tiles, most)) + 1)
     best = min(cost(s) for s in candidates)
     return next(s for s in candidates if cost(s) <= 1.1 * best)
 
