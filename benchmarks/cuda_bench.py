@@ -7,7 +7,8 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm80`` (mma.sync kernels, backward with 8 warps) and, on compute capability 9.0,
 ``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
-the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only) and ``cuda-auto`` (the default
+the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-pingpong`` (the Hopper forward's
+pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
@@ -28,8 +29,8 @@ from kernels.cuda import attention as cuda_attention
 from kernels.cuda import ops
 from kernels.vector_add import add_cuda, add_torch, add_triton
 
-# head_dim 128 last: its extra row (cuda-sm90-dqcols) is the one kernel not yet run on a GPU, and a
-# kernel that faults poisons the CUDA context for every later row.
+# Rows run in the order of `backends` per shape, peers first and the kernel not yet run on a GPU
+# (cuda-sm90-pingpong) last: a kernel that faults poisons the CUDA context for every later row.
 SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (2, 12, 16384, 64), (64, 12, 577, 64), (8, 16, 4096, 128)]
 
 
@@ -56,9 +57,10 @@ def sdpa(backend):
     return fn
 
 
-def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", deterministic=False):
+def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", deterministic=False, fwd_sm90="sequential"):
     def fn(q, k, v):
         ops.FWD_PATH, ops.BWD_PATH, ops.BWD_WARPS, ops.BWD_DQ = fwd_path, bwd_path, bwd_warps, bwd_dq  # read at run time
+        ops.FWD_SM90 = fwd_sm90
         return cuda_attention(q, k, v, deterministic=deterministic)
     return fn
 
@@ -73,7 +75,8 @@ def bench_attention(skip=()):
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True)
-        backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")  # last (see SHAPES)
+        backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
+        backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")  # last: not yet run on a GPU
     for B, H, N, d in SHAPES:
         sets = []
         for _ in range(2):

@@ -100,22 +100,36 @@ def test_attention_sass_uses_tensor_cores(cubins, arch):
 
 
 def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
-    """The Hopper forward: per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared
-    memory) and 8 for O += P V (A from registers, B transposed), TMA loads, mbarrier waits, setmaxnreg."""
+    """The Hopper forward, both consumer schedules. Sequential: per key tile D/16 HGMMA for S = Q Kᵀ (m64n128,
+    both operands from shared memory) and 8 for O += P V (A from registers, B transposed). Pingpong: those twice
+    (the first tile's S and the last tile's P·V are issued apart), all of a tile's products after one
+    WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are written while one is in
+    flight), the softmax after a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1), and named-barrier arrivals.
+    Both: TMA loads, mbarrier waits, setmaxnreg."""
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
     for name in names:
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
-        sass = _sass(cubins[("sm_90a", name)][0])
+        functions = _functions(_sass(cubins[("sm_90a", name)][0]))
+        schedules = {("pingpong" if "Lb1E" in f else "sequential"): sass for f, sass in functions.items()
+                     if "fwd_sm90_kernel" in f}
+        assert set(schedules) == {"sequential", "pingpong"}, f"{name}: {list(functions)}"
         suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
         ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
         rs = rf"HGMMA\.64x{d}x16\.F32{suffix} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB"
-        assert len(re.findall(ss, sass)) == int(d) // 16, f"{name}: S = Q Kᵀ is not {int(d) // 16} HGMMA"
-        assert len(re.findall(rs, sass)) == 8, f"{name}: O += P V is not 8 HGMMA with A from registers"
-        assert "UTMALDG.4D" in sass, f"{name}: no TMA load (UTMALDG) in the SASS"
-        assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{name}: no mbarrier wait in the SASS"
-        assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{name}: no setmaxnreg"
-        assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{name}: mma.sync or cp.async left in"
+        for schedule, sass in schedules.items():
+            copies = 2 if schedule == "pingpong" else 1
+            where = f"{name} ({schedule})"
+            assert len(re.findall(ss, sass)) == copies * int(d) // 16, f"{where}: S = Q Kᵀ is not {int(d) // 16} HGMMA"
+            assert len(re.findall(rs, sass)) == copies * 8, f"{where}: O += P V is not 8 HGMMA with A from registers"
+            assert "UTMALDG.4D" in sass, f"{where}: no TMA load (UTMALDG) in the SASS"
+            assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{where}: no mbarrier wait in the SASS"
+            assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{where}: no setmaxnreg"
+            assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{where}: mma.sync or cp.async left in"
+        pingpong = schedules["pingpong"]
+        assert pingpong.count("WARPGROUP.ARRIVE") == 3, f"{name}: pingpong's wgmmas are serialised"
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in pingpong, f"{name}: no wait that leaves P·V in flight"
+        assert "BAR.ARV" in pingpong and "BAR.SYNC" in pingpong, f"{name}: no named-barrier hand-off"
 
 
 def _functions(sass: str) -> dict[str, str]:
@@ -160,6 +174,7 @@ def test_kernels_do_not_spill(cubins, arch):
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills, f"{name}: no ptxas report"
         assert all(s == ("0", "0") for s in spills), f"{name} ({arch}) spills registers:\n{report}"
+        assert "C7513" not in report, f"{name} ({arch}): ptxas serialised its wgmmas:\n{report}"
 
 
 def test_vector_add_sass_uses_16_byte_accesses(cubins):
@@ -179,7 +194,8 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
         module = build.extension()
     finally:
         build.extension.cache_clear()
-    assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "bwd", "bwd_sm90", "bwd_sm90_dqcols", "vector_add"))
+    assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "fwd_sm90_pingpong", "bwd", "bwd_sm90",
+                                                  "bwd_sm90_dqcols", "vector_add"))
     assert module.has_sm90
 
 
@@ -337,6 +353,18 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 class _Sm90Ext:
     bwd_sm90, bwd_sm90_dqcols = "atomic kernel", "column-split kernel"
+    fwd_sm90, fwd_sm90_pingpong = "sequential forward", "pingpong forward"
+
+
+def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
+    assert ops.FWD_SM90 == "sequential" or "VIT_CUDA_FWD_SM90" in os.environ  # opt-in until run on a GPU
+    monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
+    assert ops.sm90_forward(_Sm90Ext) == "pingpong forward"
+    monkeypatch.setattr(ops, "FWD_SM90", "sequential")
+    assert ops.sm90_forward(_Sm90Ext) == "sequential forward"
+    monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
+    with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
+        ops.sm90_forward(_Sm90Ext)
 
 
 def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):
@@ -399,7 +427,7 @@ import sys
 import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
-ops.BWD_DQ = sys.argv[1]
+ops.BWD_DQ, ops.FWD_SM90 = sys.argv[1], sys.argv[2]
 shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ == "atomic" else ((1, 128), (300, 128))
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -410,19 +438,19 @@ print("finished")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["atomic", "dqcols"])
-def test_sm90_kernels_finish(dq):
-    """First of the sm90 tests: forward and backward (dqcols: the column-split dQ) run to the end in a
-    child process, so that a pipeline deadlock (an mbarrier or named barrier never completing) fails
-    here in 60 s instead of hanging the session."""
+@pytest.mark.parametrize("dq, schedule", [("atomic", "sequential"), ("dqcols", "sequential"), ("atomic", "pingpong")])
+def test_sm90_kernels_finish(dq, schedule):
+    """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (dqcols: the column-split
+    dQ) run to the end in a child process, so that a pipeline deadlock (an mbarrier or named barrier never
+    completing) fails here in 60 s instead of hanging the session."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
     mode = "columns" if dq == "dqcols" else "atomic"
     try:
-        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, mode], cwd=root, capture_output=True, text=True,
-                              timeout=60, check=False)
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, mode, schedule], cwd=root, capture_output=True,
+                              text=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("the sm90 kernels did not finish within 60 s (deadlock in a TMA/mbarrier pipeline?)")
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr[-3000:]
@@ -447,14 +475,16 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols"])
+@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
-    (sm90-dqcols: its column-split dQ, head_dim 128 after padding only)."""
+    (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
+    consumers, then the mma.sync backward)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd == "sm90-dqcols" and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
+    monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", "columns" if bwd == "sm90-dqcols" else "atomic")

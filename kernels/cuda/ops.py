@@ -51,6 +51,10 @@ SM90_BWD_HEAD_DIMS = (128,)
 # cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns")
+# The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn) or "pingpong"
+# (FlashAttention-3's ping-pong and intra-warpgroup overlap). Pingpong is opt-in until it has run on a GPU.
+FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "sequential")
+FWD_SM90_MODES = ("sequential", "pingpong")
 
 
 @functools.cache
@@ -160,8 +164,16 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministi
 def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
     """(out, lse) of the forward :func:`fwd_path` picks."""
     ext = extension()
-    out, lse = (ext.fwd_sm90 if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
+    out, lse = (sm90_forward(ext) if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
     return out, lse
+
+
+def sm90_forward(ext):
+    """The extension's Hopper forward under ``FWD_SM90`` (env ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential")
+    or ``fwd_sm90_pingpong`` ("pingpong"). Raises ValueError for another value."""
+    if FWD_SM90 not in FWD_SM90_MODES:
+        raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
+    return ext.fwd_sm90_pingpong if FWD_SM90 == "pingpong" else ext.fwd_sm90
 
 
 @attn_fwd.register_fake

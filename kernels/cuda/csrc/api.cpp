@@ -62,8 +62,10 @@ at::Tensor tma_ready(const at::Tensor &t) {
   return ok ? t : t.contiguous();
 }
 
-// sm90 = true runs the Hopper kernels (fwd_sm90.cuh), else the mma.sync ones (fwd.cuh).
-std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90) {
+// sm90 = true runs the Hopper kernels (fwd_sm90.cuh; pingpong: its pipelined consumers), else the mma.sync ones
+// (fwd.cuh).
+std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90,
+                                 bool pingpong = false) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -93,7 +95,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
 #ifdef VITK_SM90A
     if constexpr (D != 32) {
       const char *what = "";
-      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what);
+      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, pingpong);
       TORCH_CHECK(err == cudaSuccess, "attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err));
     }
 #endif
@@ -123,6 +125,11 @@ void check_sm90(const at::Tensor &q) {
 std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
   check_sm90(q);
   return fwd_impl(q, k, v, softmax_scale, true);
+}
+
+std::vector<at::Tensor> fwd_sm90_pingpong(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
+  return fwd_impl(q, k, v, softmax_scale, true, true);
 }
 
 // dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
@@ -253,6 +260,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync), Hopper kernels (wgmma, TMA) and the vector-add example";
   m.def("fwd", &fwd, "attention forward, mma.sync (sm_80+): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90_pingpong", &fwd_sm90_pingpong, "fwd_sm90 with pipelined consumers: each issues Q·K_jᵀ with "
+        "P_{j-1}·V_{j-1} and runs the softmax under the second, the two take turns (FlashAttention-3's ping-pong): "
+        "(q, k, v, softmax_scale) -> [out, lse]");
 #ifdef VITK_SM90A
   m.attr("has_sm90") = true;
 #else

@@ -1,8 +1,11 @@
 // Hopper forward (sm_90a) after FlashAttention-3 (Shah et al., 2024, "FlashAttention-3: Fast and
 // Accurate Attention with Asynchrony and Low-precision", Algorithm 1): TMA loads, wgmma from shared
-// memory, a producer warpgroup and consumer warpgroups synchronised by mbarriers. Not (yet) here:
-// ping-pong scheduling between the consumers and the intra-warpgroup overlap of softmax with the
-// next Q·Kᵀ; each consumer runs S = Q·Kᵀ, the online softmax and O += P·V in sequence.
+// memory, a producer warpgroup and consumer warpgroups synchronised by mbarriers. Two consumer schedules:
+//   sequential (fwd_sm90_consume): each consumer runs S = Q·Kᵀ, the online softmax and O += P·V in turn;
+//   pingpong (fwd_sm90_consume_pp, FA-3 §3.1-3.2): a consumer issues S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1}
+//     together and runs softmax(S_j) while the second product is still on the tensor cores (intra-warpgroup
+//     overlap), and two named barriers make the consumers issue their products in turn, so that one's softmax
+//     runs under the other's products (ping-pong).
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0, producer: gives registers back (setmaxnreg 40); one thread issues TMA loads of the
@@ -76,12 +79,25 @@ __device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const 
 }
 
 // Online softmax of one S tile (64 x 128 per warpgroup; this thread: rows g, g+8 of its warp, 32
-// columns each), as in fwd.cuh: mask keys >= N, update the running max (log2 units) and sum, rescale
-// O, and pack P into the m16n8k16 A fragments of the 8 k-steps of P·V.
-template <int DTYPE, int NS, int NO>
-__device__ __forceinline__ void fwd_sm90_softmax(float (&s)[NS], float (&o)[NO], float (&row_max)[2],
-                                                 float (&row_sum)[2], uint32_t (&pa)[NS / 8][4], float sl2,
-                                                 int key0, int N, int t) {
+// columns each), as in fwd.cuh: mask keys >= N, update the running max (log2 units) and sum, leave P in s
+// and return in `alpha` the factor O must be rescaled by (rescale_o); pack_p then packs P into the m16n8k16
+// A fragments of the 8 k-steps of P·V.
+template <int NO> __device__ __forceinline__ void rescale_o(float (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+
+template <int DTYPE, int NS>
+__device__ __forceinline__ void pack_p(const float (&s)[NS], uint32_t (&pa)[NS / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < NS / 8; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+template <int NS>
+__device__ __forceinline__ void fwd_sm90_softmax(float (&s)[NS], float (&alpha)[2], float (&row_max)[2],
+                                                 float (&row_sum)[2], float sl2, int key0, int N, int t) {
   if (key0 + 2 * NS > N) {
 #pragma unroll
     for (int i = 0; i < NS; ++i)
@@ -90,7 +106,7 @@ __device__ __forceinline__ void fwd_sm90_softmax(float (&s)[NS], float (&o)[NO],
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int i = 0; i < NS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-  float alpha[2], neg_m[2];
+  float neg_m[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m_new = fmaxf(row_max[r], quad_max(mx[r]) * sl2);  // finite: every tile has a key < N
@@ -106,12 +122,27 @@ __device__ __forceinline__ void fwd_sm90_softmax(float (&s)[NS], float (&o)[NO],
   }
   row_sum[0] = row_sum[0] * alpha[0] + ls[0];
   row_sum[1] = row_sum[1] * alpha[1] + ls[1];
+}
+
+// Epilogue of a consumer: normalise O and store it straight from the accumulators (4-byte stores), and lse;
+// this thread's rows are row0 and row0 + 8 (rows >= N skipped).
+template <int DTYPE, int D, int NO>
+__device__ __forceinline__ void fwd_sm90_store(const FwdParams &p, const float (&o)[NO], const float (&row_max)[2],
+                                               const float (&row_sum)[2], int row0, int t, int h, int b) {
+  using T = typename Elem<DTYPE>::T;
+  const int N = p.N;
+  T *out = static_cast<T *>(p.out) + b * p.out_st.batch + h * p.out_st.head;
 #pragma unroll
-  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]), inv = 1.f / l;
+    const int row = row0 + 8 * r;
+    if (row >= N) continue;
+    if (t == 0) p.lse[((int64_t)b * p.H + h) * N + row] = (row_max[r] + log2f(l)) * kLn2;
 #pragma unroll
-  for (int kk = 0; kk < NS / 8; ++kk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+    for (int i = 0; i < D / 8; ++i)
+      *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.out_st.row + 8 * i + 2 * t) =
+          Elem<DTYPE>::pack(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+  }
 }
 
 // Consumer warpgroup `w`: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
@@ -151,7 +182,10 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     wgmma_wait<0>();
     fence_operands(s);
 
-    fwd_sm90_softmax<DTYPE>(s, o, row_max, row_sum, pa, sl2, j * BN, p.N, t);
+    float alpha[2];
+    fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, j * BN, p.N, t);
+    rescale_o(o, alpha);
+    pack_p<DTYPE>(s, pa);
 
     mbar_wait(&bar.v_full[st], parity);
     fence_operands(o);
@@ -170,24 +204,114 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     mbar_arrive(&bar.kv_empty[st]);
   }
 
-  // Epilogue: normalise and store straight from the accumulators (4-byte stores; rows >= N skipped).
-  const int N = p.N, row0 = m0 + w * 64 + warp * 16 + g;
-  T *out = static_cast<T *>(p.out) + b * p.out_st.batch + h * p.out_st.head;
+  fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
+}
+
+// Pipelined consumer `w` (the pingpong schedule, see the top of the file): per key tile j ≥ 1,
+//   wait K_j and V_{j-1}; sync named barrier 1 + w (the other consumer has issued its products);
+//   issue S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1}; arrive at the other consumer's barrier 2 - w;
+//   wait for S_j alone (wgmma_wait<1>) -> softmax(S_j), in s, while P_{j-1} V_{j-1} runs;
+//   wait for the product -> release stage j-1 (kv_empty), rescale O by softmax(S_j)'s factor, pack P_j.
+// Tile 0 issues S_0 alone, and a last round issues P_{n-1} V_{n-1} alone. Barrier accounting (n tiles): each
+// consumer syncs its barrier n + 1 times and arrives at the other's n + 1 times; consumer 1 arrives at barrier 1
+// once first (consumer 0 goes first) and consumer 0 syncs it once last, so both barriers end balanced.
+template <int DTYPE, int D>
+__device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
+                                                    const typename Elem<DTYPE>::T *Ks,
+                                                    const typename Elem<DTYPE>::T *Vs,
+                                                    FwdSm90Barriers<FwdSm90Traits<D>::kStages> &bar, int w, int tid,
+                                                    int m0, int h, int b, int n_blocks) {
+  using T = typename Elem<DTYPE>::T;
+  using Tr = FwdSm90Traits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
+  constexpr int kBoth = 128 * Tr::kConsumers;  // threads of one named barrier: both consumers
+  static_assert(Tr::kConsumers == 2, "ping-pong alternates two consumer warpgroups");
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int mine = 1 + w, theirs = 2 - w;  // named barriers 1 and 2 (0 is __syncthreads')
+  const T *Qw = Qs + w * 64 * 64;
+  const float sl2 = p.softmax_scale * kLog2e;
+  float o[NO];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]), inv = 1.f / l;
-    const int row = row0 + 8 * r;
-    if (row >= N) continue;
-    if (t == 0) p.lse[((int64_t)b * p.H + h) * N + row] = (row_max[r] + log2f(l)) * kLn2;
+  for (int i = 0; i < NO; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
+  uint32_t pa[NS / 8][4];  // P of the tile whose P·V is issued next
+
+  auto issue_s = [&](float (&s)[NS], const T *Kb) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      *reinterpret_cast<uint32_t *>(out + (int64_t)row * p.out_st.row + 8 * i + 2 * t) =
-          Elem<DTYPE>::pack(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](const T *Vb) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
+      if constexpr (D == 64) wgmma_rs_n64<DTYPE>(o, pa[kk], vd, 1);
+      else wgmma_rs_n128<DTYPE>(o, pa[kk], vd, 1);
+    }
+    wgmma_commit();
+  };
+
+  mbar_wait(&bar.q_full, 0);
+  if (w == 1) named_barrier_arrive(1, kBoth);
+  {
+    float s[NS] = {};
+    mbar_wait(&bar.k_full[0], 0);
+    named_barrier_sync(mine, kBoth);
+    fence_operands(s);
+    wgmma_fence();
+    issue_s(s, Ks);
+    named_barrier_arrive(theirs, kBoth);
+    wgmma_wait<0>();
+    fence_operands(s);
+    fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, 0, p.N, t);  // O is 0: nothing to rescale
+    pack_p<DTYPE>(s, pa);
   }
+  for (int j = 1; j < n_blocks; ++j) {
+    const int st = j % S, sp = (j - 1) % S;
+    float s[NS] = {};
+    mbar_wait(&bar.k_full[st], (j / S) & 1);
+    mbar_wait(&bar.v_full[sp], ((j - 1) / S) & 1);
+    named_barrier_sync(mine, kBoth);
+    fence_operands(s);
+    fence_operands(o);
+    fence_operands(pa);
+    wgmma_fence();
+    issue_s(s, Ks + st * BN * D);
+    issue_pv(Vs + sp * BN * D);
+    named_barrier_arrive(theirs, kBoth);
+    wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run, and reads pa and writes o
+    fence_operands(s);
+    fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, j * BN, p.N, t);
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pa);
+    mbar_arrive(&bar.kv_empty[sp]);
+    rescale_o(o, alpha);
+    pack_p<DTYPE>(s, pa);  // after the product: packing while it ran serialised every wgmma (ptxas C7513)
+  }
+  {
+    const int sp = (n_blocks - 1) % S;
+    mbar_wait(&bar.v_full[sp], ((n_blocks - 1) / S) & 1);
+    named_barrier_sync(mine, kBoth);
+    fence_operands(o);
+    fence_operands(pa);
+    wgmma_fence();
+    issue_pv(Vs + sp * BN * D);
+    named_barrier_arrive(theirs, kBoth);
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pa);
+    mbar_arrive(&bar.kv_empty[sp]);
+  }
+  if (w == 0) named_barrier_sync(1, kBoth);
+  fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D>
+template <int DTYPE, int D, bool PINGPONG>
 __global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -219,7 +343,8 @@ __global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
     if (tid == 0) fwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks);
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    fwd_sm90_consume<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    if constexpr (PINGPONG) fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    else fwd_sm90_consume<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -258,7 +383,8 @@ inline bool encode_tensor_map(CUtensorMap *map, const void *ptr, const Strides &
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
+template <int DTYPE, int D>
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong) {
   using Tr = FwdSm90Traits<D>;
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
@@ -271,7 +397,7 @@ template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStr
       !encode_tensor_map(&tm_k, p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16))
     return cudaErrorInvalidValue;
-  auto kernel = fwd_sm90_kernel<DTYPE, D>;
+  auto kernel = pingpong ? fwd_sm90_kernel<DTYPE, D, true> : fwd_sm90_kernel<DTYPE, D, false>;
   *what = "setting the sm90 forward's shared memory size";
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -285,4 +411,4 @@ template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStr
 
 #define VITK_INSTANTIATE_FWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_fwd_sm90<vitk::DTYPE, D>(const vitk::FwdParams &, cudaStream_t, \
-                                                          const char **);
+                                                          const char **, bool);

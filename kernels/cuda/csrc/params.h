@@ -44,7 +44,9 @@ template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t
 template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 // Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
-template <int DTYPE, int D> cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what);
+// pingpong: fwd_sm90.cuh's pipelined consumers (FlashAttention-3's ping-pong and intra-warpgroup overlap).
+template <int DTYPE, int D>
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong);
 // dq_cols: bwd_sm90.cuh's DQ_COLS kernel (head_dim 128 only, else cudaErrorInvalidValue).
 template <int DTYPE, int D>
 cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols);

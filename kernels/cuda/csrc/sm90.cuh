@@ -75,6 +75,14 @@ template <int REGS> __device__ __forceinline__ void setmaxnreg_inc() {
 template <int ID, int THREADS> __device__ __forceinline__ void named_barrier_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
 }
+// The same with the barrier chosen at run time, and its non-blocking half: bar.arrive counts this thread towards
+// the barrier's `threads` without waiting (a producer/consumer hand-off between warpgroups).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Orders this thread's ordinary shared-memory stores before later reads by the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
