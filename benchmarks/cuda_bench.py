@@ -66,18 +66,24 @@ def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", determini
 
 
 def bench_attention(skip=()):
-    rows = []
     # Peers first: a kernel of ours that faults poisons the CUDA context for every later row.
     backends = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "cuda-sm80": cuda_with("sm80")}
+    untried = {}  # kernels not yet run on a GPU: after every other row of every shape
     if torch.cuda.get_device_capability() == (9, 0):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True)
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
-        backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")  # last: not yet run on a GPU
-    for B, H, N, d in SHAPES:
+        untried["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
+    return bench_shapes(backends, skip) + bench_shapes(untried, skip)
+
+
+def bench_shapes(backends, skip) -> list[dict]:
+    """One row per (shape, backend) of ``backends``, shapes outermost."""
+    rows = []
+    for B, H, N, d in SHAPES if backends else []:
         sets = []
         for _ in range(2):
             q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))

@@ -2,21 +2,22 @@
 // Accurate Attention with Asynchrony and Low-precision", Algorithm 1): TMA loads, wgmma from shared
 // memory, a producer warpgroup and consumer warpgroups synchronised by mbarriers. Two consumer schedules:
 //   sequential (fwd_sm90_consume): each consumer runs S = Q·Kᵀ, the online softmax and O += P·V in turn;
-//   pingpong (fwd_sm90_consume_pp, FA-3 §3.1-3.2): a consumer issues S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1}
-//     together and runs softmax(S_j) while the second product is still on the tensor cores (intra-warpgroup
-//     overlap), and two named barriers make the consumers issue their products in turn, so that one's softmax
-//     runs under the other's products (ping-pong).
+//   pingpong (fwd_sm90_consume_pp, FA-3 §3.1-3.2): two named barriers make the consumers issue their products
+//     in turn, so that one's softmax runs under the other's products (ping-pong); a consumer issues
+//     S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together and waits only for S_j before softmax(S_j), for the
+//     intra-warpgroup overlap, but ptxas 13.0 places the wait for the second product before the softmax's
+//     exponentials (test_sm90_pingpong_softmax_overlaps_pv, a strict xfail), so that part does not happen.
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0, producer: gives registers back (setmaxnreg 40); one thread issues TMA loads of the
 //     Q tile once, then of K and V tiles into a kStages-deep ring, each stage guarded by k_full/v_full
-//     (TMA completes their transaction bytes) and kv_empty (every consumer thread arrives when its
-//     P·V that read the stage has finished).
+//     (TMA completes their transaction bytes) and k_empty/v_empty (every consumer thread arrives when the
+//     product that read the stage's K, or V, has finished).
 //   warpgroups 1..kConsumers, consumers (setmaxnreg 232): 64 query rows each. Per key tile:
 //     wait k_full -> S = Q Kᵀ (wgmma m64n128k16, both operands from shared memory, D/16 steps) ->
 //     mask keys >= N, online softmax in base 2 in registers (the sm_80 kernel's arithmetic) ->
 //     P to 16 bits in registers -> wait v_full -> O += P V (wgmma m64nDk16, A = P from registers,
-//     B = V from shared memory, transposed by the descriptor) -> arrive kv_empty.
+//     B = V from shared memory, transposed by the descriptor) -> arrive k_empty and v_empty.
 // Out-of-range rows and keys: TMA fills rows >= N with zeros; keys >= N are set to -inf before the
 // softmax; rows >= N are never written. Outputs: out (16-bit, normalised) and lse (float32, ln).
 #pragma once
@@ -44,7 +45,7 @@ template <int D> struct FwdSm90Traits {
 };
 
 template <int STAGES> struct FwdSm90Barriers {
-  uint64_t q_full, k_full[STAGES], v_full[STAGES], kv_empty[STAGES];
+  uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -67,11 +68,13 @@ __device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const 
   for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Qs + c * BM * 64, tm_q, &bar.q_full, 64 * c, m0, h, b);
   for (int j = 0; j < n_blocks; ++j) {
     const int s = j % S;
-    mbar_wait(&bar.kv_empty[s], ((j / S) & 1) ^ 1);
+    const uint32_t parity = ((j / S) & 1) ^ 1;
     T *Kb = Ks + s * BN * D, *Vb = Vs + s * BN * D;
+    mbar_wait(&bar.k_empty[s], parity);
     mbar_arrive_expect_tx(&bar.k_full[s], Tr::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Kb + c * BN * 64, tm_k, &bar.k_full[s], 64 * c, j * BN, h, b);
+    mbar_wait(&bar.v_empty[s], parity);
     mbar_arrive_expect_tx(&bar.v_full[s], Tr::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Vb + c * BN * 64, tm_v, &bar.v_full[s], 64 * c, j * BN, h, b);
@@ -201,7 +204,8 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
-    mbar_arrive(&bar.kv_empty[st]);
+    mbar_arrive(&bar.k_empty[st]);
+    mbar_arrive(&bar.v_empty[st]);
   }
 
   fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
@@ -211,7 +215,8 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
 //   wait K_j and V_{j-1}; sync named barrier 1 + w (the other consumer has issued its products);
 //   issue S_j = Q K_jᵀ, then O += P_{j-1} V_{j-1}; arrive at the other consumer's barrier 2 - w;
 //   wait for S_j alone (wgmma_wait<1>) -> softmax(S_j), in s, while P_{j-1} V_{j-1} runs;
-//   wait for the product -> release stage j-1 (kv_empty), rescale O by softmax(S_j)'s factor, pack P_j.
+//   (K_j's stage is released once S_j is done, so the producer can refill it a tile ahead)
+//   wait for the product -> release V_{j-1}'s stage, rescale O by softmax(S_j)'s factor, pack P_j.
 // Tile 0 issues S_0 alone, and a last round issues P_{n-1} V_{n-1} alone. Barrier accounting (n tiles): each
 // consumer syncs its barrier n + 1 times and arrives at the other's n + 1 times; consumer 1 arrives at barrier 1
 // once first (consumer 0 goes first) and consumer 0 syncs it once last, so both barriers end balanced.
@@ -266,6 +271,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<0>();
     fence_operands(s);
+    mbar_arrive(&bar.k_empty[0]);
     fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, 0, p.N, t);  // O is 0: nothing to rescale
     pack_p<DTYPE>(s, pa);
   }
@@ -284,11 +290,12 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run, and reads pa and writes o
     fence_operands(s);
+    mbar_arrive(&bar.k_empty[st]);
     fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, j * BN, p.N, t);
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
-    mbar_arrive(&bar.kv_empty[sp]);
+    mbar_arrive(&bar.v_empty[sp]);
     rescale_o(o, alpha);
     pack_p<DTYPE>(s, pa);  // after the product: packing while it ran serialised every wgmma (ptxas C7513)
   }
@@ -304,7 +311,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
-    mbar_arrive(&bar.kv_empty[sp]);
+    mbar_arrive(&bar.v_empty[sp]);
   }
   if (w == 0) named_barrier_sync(1, kBoth);
   fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
@@ -333,7 +340,8 @@ __global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.kv_empty[s], 128 * Tr::kConsumers);
+      mbar_init(&bar.k_empty[s], 128 * Tr::kConsumers);
+      mbar_init(&bar.v_empty[s], 128 * Tr::kConsumers);
     }
     mbar_fence_init();
   }
