@@ -133,15 +133,16 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
         assert "BAR.ARV" in pingpong and "BAR.SYNC" in pingpong, f"{name}: no named-barrier hand-off"
 
 
-@pytest.mark.xfail(strict=True, reason="ptxas 13.0 moves the pingpong forward's wait for P·V (wgmma.wait_group 0) "
-                                       "above the softmax's exponentials (benchmarks/results/cuda_h200.md)")
-def test_sm90_pingpong_softmax_overlaps_pv(cubins):
-    """The intra-warpgroup overlap in the SASS: exponentials (MUFU.EX2) between the wait that leaves P·V running
-    (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0)."""
-    for name in [name for (_, name) in cubins if name.startswith("fwd_sm90_")]:
+@pytest.mark.parametrize("head_dim", [64, pytest.param(128, marks=pytest.mark.xfail(
+    strict=True, reason="at head_dim 128 ptxas 13.0 puts the wait for P·V before the softmax's exponentials "
+                        "(with it after them the kernel runs out of registers: benchmarks/results/cuda_h200.md)"))])
+def test_sm90_pingpong_softmax_overlaps_pv(cubins, head_dim):
+    """The intra-warpgroup overlap in the SASS: the softmax's exponentials (MUFU.EX2, 64 and the 2 rescale factors)
+    between the wait that leaves P·V running (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0)."""
+    for name in [name for (_, name) in cubins if name.startswith(f"fwd_sm90_hdim{head_dim}_")]:
         sass = next(f for k, f in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "Lb1E" in k)
         between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
-        assert "MUFU.EX2" in between, f"{name}: the softmax waits for P·V"
+        assert between.count("MUFU.EX2") == 66, f"{name}: the softmax waits for P·V"
 
 
 def _functions(sass: str) -> dict[str, str]:
