@@ -149,6 +149,31 @@ __device__ __forceinline__ void fwd_sm90_store(const FwdParams &p, const float (
   }
 }
 
+// S = Q Kᵀ for this warpgroup's 64 rows (Qw) and the K tile at Kb, issued and committed as one wgmma group.
+template <int DTYPE, int D, int NS, typename T>
+__device__ __forceinline__ void issue_qk(float (&s)[NS], const T *Qw, const T *Kb) {
+  constexpr int BM = FwdSm90Traits<D>::kBlockM, BN = FwdSm90Traits<D>::kBlockN;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
+    const int blk = kk / 4, col = (kk % 4) * 16;
+    wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V for the V tile at Vb (P from registers), issued and committed as one wgmma group.
+template <int DTYPE, int D, int NO, int KS, typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[NO], const uint32_t (&pa)[KS][4], const T *Vb) {
+  constexpr int BN = FwdSm90Traits<D>::kBlockN;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {  // keys 16kk..16kk+15: two 8-row groups, 2048 bytes further on
+    const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
+    if constexpr (D == 64) wgmma_rs_n64<DTYPE>(o, pa[kk], vd, 1);
+    else wgmma_rs_n128<DTYPE>(o, pa[kk], vd, 1);
+  }
+  wgmma_commit();
+}
+
 // Consumer warpgroup `w`: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
 template <int DTYPE, int D>
 __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
@@ -158,7 +183,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
                                                  int m0, int h, int b, int n_blocks) {
   using T = typename Elem<DTYPE>::T;
   using Tr = FwdSm90Traits<D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
+  constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T *Qw = Qs + w * 64 * 64;  // this warpgroup's rows inside every 64-column block
   const float sl2 = p.softmax_scale * kLog2e;
@@ -177,12 +202,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     mbar_wait(&bar.k_full[st], parity);
     fence_operands(s);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
-    }
-    wgmma_commit();
+    issue_qk<DTYPE, D>(s, Qw, Kb);
     wgmma_wait<0>();
     fence_operands(s);
 
@@ -195,13 +215,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     fence_operands(o);
     fence_operands(pa);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {  // keys 16kk..16kk+15: two 8-row groups, 2048 bytes further on
-      const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
-      if constexpr (D == 64) wgmma_rs_n64<DTYPE>(o, pa[kk], vd, 1);
-      else wgmma_rs_n128<DTYPE>(o, pa[kk], vd, 1);
-    }
-    wgmma_commit();
+    issue_pv<DTYPE, D>(o, pa, Vb);
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
@@ -229,7 +243,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
                                                     int m0, int h, int b, int n_blocks) {
   using T = typename Elem<DTYPE>::T;
   using Tr = FwdSm90Traits<D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
+  constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
   constexpr int kBoth = 128 * Tr::kConsumers;  // threads of one named barrier: both consumers
   static_assert(Tr::kConsumers == 2, "ping-pong alternates two consumer warpgroups");
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -242,24 +256,6 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
   uint32_t pa[NS / 8][4];  // P of the tile whose P·V is issued next
 
-  auto issue_s = [&](float (&s)[NS], const T *Kb) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
-    }
-    wgmma_commit();
-  };
-  auto issue_pv = [&](const T *Vb) {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
-      if constexpr (D == 64) wgmma_rs_n64<DTYPE>(o, pa[kk], vd, 1);
-      else wgmma_rs_n128<DTYPE>(o, pa[kk], vd, 1);
-    }
-    wgmma_commit();
-  };
-
   mbar_wait(&bar.q_full, 0);
   if (w == 1) named_barrier_arrive(1, kBoth);
   {
@@ -268,7 +264,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     named_barrier_sync(mine, kBoth);
     fence_operands(s);
     wgmma_fence();
-    issue_s(s, Ks);
+    issue_qk<DTYPE, D>(s, Qw, Ks);
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<0>();
     fence_operands(s);
@@ -286,8 +282,8 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     fence_operands(o);
     fence_operands(pa);
     wgmma_fence();
-    issue_s(s, Ks + st * BN * D);
-    issue_pv(Vs + sp * BN * D);
+    issue_qk<DTYPE, D>(s, Qw, Ks + st * BN * D);
+    issue_pv<DTYPE, D>(o, pa, Vs + sp * BN * D);
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run, and reads pa and writes o
     fence_operands(s);
@@ -313,7 +309,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     fence_operands(o);
     fence_operands(pa);
     wgmma_fence();
-    issue_pv(Vs + sp * BN * D);
+    issue_pv<DTYPE, D>(o, pa, Vs + sp * BN * D);
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<0>();
     fence_operands(o);
