@@ -9,7 +9,7 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
 the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
-rules of kernels/cuda/ops.py) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
+rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
@@ -29,8 +29,8 @@ from kernels.cuda import attention as cuda_attention
 from kernels.cuda import ops
 from kernels.vector_add import add_cuda, add_torch, add_triton
 
-# Rows run in the order of `backends` per shape, peers first and the kernel not yet run on a GPU
-# (cuda-sm90-pingpong) last: a kernel that faults poisons the CUDA context for every later row.
+# Rows run in the order of `backends` per shape, peers first: a kernel that faults poisons the CUDA context for every
+# later row.
 SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (2, 12, 16384, 64), (64, 12, 577, 64), (8, 16, 4096, 128)]
 
 
@@ -69,15 +69,15 @@ def bench_attention(skip=()):
     # Peers first: a kernel of ours that faults poisons the CUDA context for every later row.
     backends = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "cuda-sm80": cuda_with("sm80")}
-    untried = {}  # kernels not yet run on a GPU: after every other row of every shape
     if torch.cuda.get_device_capability() == (9, 0):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
-        backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto")
-        backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True)
+        backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
+        backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto")
+        backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
+                                                        fwd_sm90="auto")
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
-        untried["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
-    return bench_shapes(backends, skip) + bench_shapes(untried, skip)
+    return bench_shapes(backends, skip)
 
 
 def bench_shapes(backends, skip) -> list[dict]:

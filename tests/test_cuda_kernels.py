@@ -370,14 +370,17 @@ class _Sm90Ext:
 
 
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
-    assert ops.FWD_SM90 == "sequential" or "VIT_CUDA_FWD_SM90" in os.environ  # opt-in until run on a GPU
+    q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
+    assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
+    assert ops.sm90_forward(_Sm90Ext, q128) == "pingpong forward"  # auto: measured faster at 128, slower at 64
+    assert ops.sm90_forward(_Sm90Ext, q64) == "sequential forward"
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
-    assert ops.sm90_forward(_Sm90Ext) == "pingpong forward"
+    assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "sequential")
-    assert ops.sm90_forward(_Sm90Ext) == "sequential forward"
+    assert ops.sm90_forward(_Sm90Ext, q128) == "sequential forward"
     monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
     with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
-        ops.sm90_forward(_Sm90Ext)
+        ops.sm90_forward(_Sm90Ext, q128)
 
 
 def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):

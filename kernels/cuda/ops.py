@@ -51,10 +51,12 @@ SM90_BWD_HEAD_DIMS = (128,)
 # cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns")
-# The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn) or "pingpong"
-# (FlashAttention-3's ping-pong and intra-warpgroup overlap). Pingpong is opt-in until it has run on a GPU.
-FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "sequential")
-FWD_SM90_MODES = ("sequential", "pingpong")
+# The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
+# (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
+# sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
+# (8, 12, 4096) 343 vs 424, (2, 12, 16384) 409 vs 471 (benchmarks/results/h200_20261202/call1_cuda_bench.log).
+FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
+FWD_SM90_MODES = ("auto", "sequential", "pingpong")
 
 
 @functools.cache
@@ -164,16 +166,18 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministi
 def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
     """(out, lse) of the forward :func:`fwd_path` picks."""
     ext = extension()
-    out, lse = (sm90_forward(ext) if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
+    out, lse = (sm90_forward(ext, q) if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
     return out, lse
 
 
-def sm90_forward(ext):
-    """The extension's Hopper forward under ``FWD_SM90`` (env ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential")
-    or ``fwd_sm90_pingpong`` ("pingpong"). Raises ValueError for another value."""
+def sm90_forward(ext, q: Tensor):
+    """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
+    ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential") or ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
+    head_dim 128). Raises ValueError for another value."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
-    return ext.fwd_sm90_pingpong if FWD_SM90 == "pingpong" else ext.fwd_sm90
+    pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)
+    return ext.fwd_sm90_pingpong if pingpong else ext.fwd_sm90
 
 
 @attn_fwd.register_fake
