@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import vit.gpu_decode as gd
+from vit.crop_resize import crop_resize
 from vit.data import ResumableSampler, SeededDataset, build_imagefolder, build_pipeline, build_transform
 from vit.images import BadImageWarning, TooManyBadFilesError, load_rgb
 
@@ -167,21 +168,40 @@ def v2_gpu_arithmetic(img, box, size, mode):
     return out.round().to(torch.uint8)
 
 
-def test_float_resized_crops_are_v2s_gpu_arithmetic():
-    """The batched crop + resize = v2 ``resized_crop``'s GPU arithmetic per image, bitwise (on a GPU: the gpu test
-    below against v2 itself), for boxes smaller, larger and of the output's size; on CPU tensors resized_crops is
-    v2's own (uint8 natively)."""
+def assert_close_to_v2(out, images, boxes, flips, size, mode):
+    """out[b] against v2's GPU arithmetic for image b, flipped where asked: at most one level apart, and rarely (a
+    float32 sum sitting at .5 may round either way)."""
+    for b, (img, box) in enumerate(zip(images, boxes)):
+        ref = v2_gpu_arithmetic(img, box, size, mode)
+        ref = ref.flip(-1) if flips[b] else ref
+        diff = (out[b].int() - ref.int()).abs()
+        assert diff.max() <= 1 and diff.float().mean() <= 0.01, (mode, b, diff.max().item(), diff.float().mean().item())
+
+
+def test_crop_resize_is_v2s_gpu_arithmetic():
+    """vit.crop_resize (one launch for the batch; here under Triton's interpreter) = v2 ``resized_crop``'s GPU
+    arithmetic per image, flipped where asked, for boxes smaller, larger and of the output's size; a box of the
+    output's size is the crop itself, exactly. On CPU tensors resized_crops is v2's own (uint8 natively)."""
     g = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in ((37, 51), (20, 16), (9, 30))]
-    boxes = [[3, 5, 30, 40], [2, 1, 12, 12], [0, 0, 9, 30]]
+    boxes, flips = [[3, 5, 30, 40], [2, 1, 12, 12], [0, 0, 9, 30]], [False, True, True]
     for mode in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
-        out = gd.float_resized_crops(images, boxes, [12, 12], mode)
+        out = crop_resize(images, boxes, flips, [12, 12], bicubic=mode == TF.InterpolationMode.BICUBIC)
         assert out.dtype == torch.uint8 and out.shape == (3, 3, 12, 12)
-        for b, (img, box) in enumerate(zip(images, boxes)):
-            assert torch.equal(out[b], v2_gpu_arithmetic(img, box, [12, 12], mode)), (mode, b)
-        assert torch.equal(out[1], images[1][:, 2:14, 1:13])  # a box of the output's size is the crop itself
-        cpu = gd.resized_crops(images, boxes, [12, 12], mode)
-        assert torch.equal(cpu[0], F2.resized_crop(images[0], *boxes[0], [12, 12], mode, antialias=True))
+        assert_close_to_v2(out, images, boxes, flips, [12, 12], mode)
+        assert torch.equal(out[1], images[1][:, 2:14, 1:13].flip(-1))
+        cpu = gd.resized_crops(images, boxes, flips, [12, 12], mode)
+        assert torch.equal(cpu[2], F2.resized_crop(images[2], *boxes[2], [12, 12], mode, antialias=True).flip(-1))
+
+
+def test_crop_resize_refuses_what_it_cannot_crop():
+    img = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not inside"):
+        crop_resize([img], [[4, 0, 5, 8]], [False], [4, 4], bicubic=True)
+    with pytest.raises(ValueError, match="uint8 \\(3, h, w\\)"):
+        crop_resize([img.float()], [[0, 0, 8, 8]], [False], [4, 4], bicubic=True)
+    with pytest.raises(ValueError, match="as many images, boxes and flips"):
+        crop_resize([img], [], [False], [4, 4], bicubic=True)
 
 
 def test_color_jitter_is_pils(folder):
@@ -355,15 +375,21 @@ def test_gpu_decode_matches_pil(folder):
 
 @pytest.mark.gpu
 def test_gpu_resized_crops_are_v2_resized_crop():
+    """On CUDA, the batch's one launch against v2's own ``resized_crop`` there, up to float rounding; a box that
+    leaves its image takes v2's path (which pads), bitwise."""
     g = torch.Generator().manual_seed(1)
-    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g).cuda() for h, w in ((375, 500), (64, 48))]
-    boxes = [[10, 20, 300, 260], [0, 0, 64, 48]]
+    sizes = ((375, 500), (64, 48), (1200, 1600), (333, 500))
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g).cuda() for h, w in sizes]
+    boxes, flips = [[10, 20, 300, 260], [0, 0, 64, 48], [100, 50, 1000, 1400], [0, 7, 200, 150]], [False, True, True, False]
     for mode in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
-        out = gd.resized_crops(images, boxes, [224, 224], mode)
+        out = gd.resized_crops(images, boxes, flips, [224, 224], mode)
         for b, (img, box) in enumerate(zip(images, boxes)):
-            assert torch.equal(out[b], F2.resized_crop(img, *box, [224, 224], mode, antialias=True)), (mode, b)
-    outside = [[-4, 30, 100, 90], [0, 0, 64, 48]]  # v2 pads a box that leaves the image: its own path runs
-    out = gd.resized_crops(images, outside, [224, 224], TF.InterpolationMode.BICUBIC)
+            ref = F2.resized_crop(img, *box, [224, 224], mode, antialias=True)
+            ref = ref.flip(-1) if flips[b] else ref
+            diff = (out[b].int() - ref.int()).abs()
+            assert diff.max() <= 1 and diff.float().mean() <= 0.01, (mode, b, diff.max().item())
+    outside = [[-4, 30, 100, 90], [0, 0, 64, 48], [0, 0, 10, 10], [0, 0, 10, 10]]  # v2 pads a box outside the image
+    out = gd.resized_crops(images, outside, [False] * 4, [224, 224], TF.InterpolationMode.BICUBIC)
     assert torch.equal(out[0], F2.resized_crop(images[0], *outside[0], [224, 224], TF.InterpolationMode.BICUBIC))
 
 

@@ -12,13 +12,12 @@ The train split only (validation keeps the workers' PIL path). Three parts:
   end-of-image marker (truncated: PIL decides whether they decode) and those the GPU decoder failed on
   before; each is counted once (``num_cpu_decoded``, shared across workers like the bad-file record).
 - :class:`GpuDecoder` (the batch step) decodes the JPEG bytes with ``torchvision.io.decode_jpeg(list,
-  device=...)`` (nvJPEG), then per image a crop + resize with the arithmetic of torchvision's v2 ``resized_crop``
-  (:func:`resized_crops`; the config's interpolation, antialias on: the operation timm's crop does with PIL, on
-  images of any size), the batch's flips with one ``where`` and the colour jitter batched (brightness,
+  device=...)`` (nvJPEG), then crops, resizes and flips the batch in one kernel with the arithmetic of torchvision's
+  v2 ``resized_crop`` (:func:`resized_crops`; the config's interpolation, antialias on: the operation timm's crop
+  does with PIL, on images of any size) and runs the colour jitter batched (brightness,
   contrast, saturation blends in each image's own order, rounded to uint8 after each as PIL's are). Output:
-  uint8 (B, 3, H, W). A resize per image rather than one ``roi_align`` call: roi_align needs one (N, C, H, W) float tensor, so a
-  batch of 256 images of up to 500×500 would be padded to ~770 MB, and its bilinear sampling is not timm's
-  bicubic. A batch that fails to decode is decoded image by image: an image the GPU cannot decode goes to
+  uint8 (B, 3, H, W). Not ``roi_align``: it needs one (N, C, H, W) float tensor, so a batch of 256 images of up
+  to 500×500 would be padded to ~770 MB, and its bilinear sampling is not timm's bicubic. A batch that fails to decode is decoded image by image: an image the GPU cannot decode goes to
   PIL (counted as CPU-decoded, and read that way from then on); one PIL cannot decode either is a bad file,
   recorded in the folder's shared record (:class:`vit.images.RobustImageFolder`: one warning, ``num_bad``,
   ``data.max_bad_fraction``), and replaced as the CPU path replaces it: by the next index whose file decodes,
@@ -31,7 +30,7 @@ The train split only (validation keeps the workers' PIL path). Three parts:
   (torchvision parses the files on the host and synchronises its own stream before returning), which in the
   training loop would stall the step for the whole decode; PyTorch releases the GIL inside ``torch.ops`` calls,
   so the decode runs beside the loop. The stream keeps the crops and jitter off the training step's stream; the
-  consumer's stream waits on each batch's event when it takes the batch. Not yet measured on a GPU.
+  consumer's stream waits on each batch's event when it takes the batch.
 """
 from __future__ import annotations
 
@@ -282,10 +281,9 @@ class GpuDecoder:
             while img is None:  # the GPU decoder failed on it
                 img = self.repair(b, parts, meta, order, factors, labels, batch.seeds, device)
             images[b] = img
-        boxes = [m[3:7] for m in meta.tolist()]
-        x = resized_crops(images, boxes, list(self.aug.crop.size), self.aug.crop.interpolation)  # (B, 3, H, W) uint8
-        flips = to_device(meta[:, 7].bool(), device).view(-1, 1, 1, 1)
-        x = torch.where(flips, x.flip(-1), x)
+        rows = meta.tolist()
+        x = resized_crops(images, [m[3:7] for m in rows], [bool(m[7]) for m in rows], list(self.aug.crop.size),
+                          self.aug.crop.interpolation)  # (B, 3, H, W) uint8
         if self.aug.jitters:
             x = color_jitter(x, order, factors)
         return x, labels, batch.seeds
@@ -326,36 +324,22 @@ class GpuDecoder:
         return upload(pixels.flatten(), pixels.shape[0], pixels.shape[1], device)
 
 
-def resized_crops(images: list[torch.Tensor], boxes: list[list[int]], size: list[int],
+def resized_crops(images: list[torch.Tensor], boxes: list[list[int]], flips: list[bool], size: list[int],
                   mode: T.InterpolationMode) -> torch.Tensor:
     """uint8 (B, 3, H, W): each uint8 (3, h, w) image's box ``[top, left, height, width]`` resized to ``size`` with
-    antialias, value for value what torchvision's v2 ``resized_crop`` gives on the images' device. On a GPU, for
-    bilinear and bicubic, v2 resizes in float32 and rounds (bicubic clamped to [0, 255] first): the rounding is done
-    here once for the batch instead of per image (:func:`float_resized_crops`: two kernels an image instead of
-    five, and no v2 dispatch). On the CPU (v2 resizes uint8 natively there) and for other modes, v2 per image."""
+    antialias, flipped left to right where ``flips[b]``. On a GPU, for bilinear and bicubic and boxes inside their
+    images (timm's always are), one launch for the batch (:func:`vit.crop_resize.crop_resize`: PyTorch's
+    antialiased arithmetic, which v2's ``resized_crop`` runs there, up to float rounding); otherwise v2 per image
+    (on the CPU it resizes uint8 natively; it pads a box that leaves the image)."""
     inside = all(top >= 0 and left >= 0 and top + h <= img.shape[-2] and left + w <= img.shape[-1]
-                 for img, (top, left, h, w) in zip(images, boxes))  # timm's boxes always are; v2 pads the others
+                 for img, (top, left, h, w) in zip(images, boxes))
     if images[0].is_cuda and mode in (T.InterpolationMode.BILINEAR, T.InterpolationMode.BICUBIC) and inside \
             and len(size) == 2:
-        return float_resized_crops(images, boxes, size, mode)
-    return torch.stack([F.resized_crop(img, *box, size, interpolation=mode, antialias=True)
-                        for img, box in zip(images, boxes)])
+        from vit.crop_resize import crop_resize
 
-
-def float_resized_crops(images: list[torch.Tensor], boxes: list[list[int]], size: list[int],
-                        mode: T.InterpolationMode) -> torch.Tensor:
-    """:func:`resized_crops` through float32 on any device (bilinear or bicubic): v2's GPU arithmetic."""
-    out = []
-    for img, (top, left, height, width) in zip(images, boxes):
-        crop = img[None, :, top:top + height, left:left + width].float()  # (1, 3, height, width)
-        if [height, width] != size:
-            crop = torch.nn.functional.interpolate(crop, size=size, mode=mode.value, align_corners=False,
-                                                   antialias=True)
-        out.append(crop)
-    x = torch.cat(out)  # (B, 3, H, W) float32
-    if mode == T.InterpolationMode.BICUBIC:
-        x.clamp_(0, 255)
-    return x.round_().to(torch.uint8)
+        return crop_resize(images, boxes, flips, size, bicubic=mode == T.InterpolationMode.BICUBIC)
+    crops = [F.resized_crop(img, *box, size, interpolation=mode, antialias=True) for img, box in zip(images, boxes)]
+    return torch.stack([c.flip(-1) if f else c for c, f in zip(crops, flips)])
 
 
 def keep_on_stream(img: torch.Tensor | None) -> torch.Tensor | None:
