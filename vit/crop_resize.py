@@ -87,7 +87,7 @@ def crop_resize_kernel(Src, Meta, Out, OUT_H, OUT_W, BICUBIC: tl.constexpr, ROWS
     for r in range(first, last):
         line = plane + r * img_w  # img_w is int64
         across = tl.zeros([COLS], tl.float32)  # source row r filtered across, for every output column
-        for jx in range(0, xbound):
+        for jx in range(xbound):
             wx = _filter((jx + x0mc + 0.5) * xinv, BICUBIC) / xsum
             ok = cols_ok & (jx < nx)
             v = tl.load(line + x0 + jx, mask=ok, other=0).to(tl.float32)
