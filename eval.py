@@ -64,9 +64,11 @@ def checkpoint_weights(ckpt: dict, path: Path, use_ema: bool) -> dict:
 
 
 def eval_data_config(cfg: DictConfig, run_cfg: DictConfig) -> DictConfig:
-    """``data=<group>`` as given (with its ``data.*`` overrides); else the checkpoint's data config with
-    the non-null ``data.*`` keys of ``cfg`` set over it."""
+    """``data=<group>`` as given (with its ``data.*`` overrides; an image size it leaves unset is the
+    checkpoint's); else the checkpoint's data config with the non-null ``data.*`` keys of ``cfg`` set over it."""
     if cfg.data.name is not None:
+        if cfg.data.get("img_size") is None and run_cfg.get("data", {}).get("img_size") is not None:
+            return OmegaConf.merge(cfg.data, {"img_size": run_cfg.data.img_size})
         return cfg.data
     overrides = {k: v for k, v in cfg.data.items() if v is not None}
     return OmegaConf.merge(run_cfg.data, overrides)

@@ -174,3 +174,28 @@ def test_torchrun_shards_the_val_set_and_reports_once(setup, tmp_path):
     assert two["world_size"] == 2 and two["images"] == 9
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-6) and two["top1"] == one["top1"]
     assert len(list((tmp_path / "outputs" / "eval").glob("*/*"))) == 1  # rank 0's Hydra run dir, not rank 1's
+
+
+def test_a_digits_root_that_holds_something_else_is_refused_with_what_to_pass(tmp_path):
+    """eval.py checkpoint=<digits run> data.root=<an image folder>: the digits config keeps data.name=digits, so
+    data.root is where digits would be exported; a folder holding other files gets a ValueError naming
+    data=imagefolder (a raw OSError from the export's rename before)."""
+    from vit.data import export_digits
+
+    (tmp_path / "val" / "cat").mkdir(parents=True)
+    with pytest.raises(ValueError, match="is not a digits export.*data=imagefolder"):
+        export_digits(tmp_path)
+    assert export_digits(tmp_path / "fresh").joinpath(".complete").exists()
+
+
+def test_a_data_name_override_keeps_the_checkpoints_image_size():
+    from omegaconf import OmegaConf
+
+    from eval import eval_data_config
+
+    run_cfg = OmegaConf.create({"data": {"name": "digits", "img_size": 32, "root": None}})
+    cfg = OmegaConf.create({"data": {"name": "imagefolder", "img_size": None, "root": "/data/x"}})
+    assert eval_data_config(cfg, run_cfg).img_size == 32
+    cfg.data.img_size = 48
+    assert eval_data_config(cfg, run_cfg).img_size == 48
+    assert eval_data_config(cfg, OmegaConf.create({})).img_size == 48

@@ -60,6 +60,11 @@ def export_digits(root: str | os.PathLike | None = None) -> Path:
     root = Path(root) if root is not None else default_cache_dir() / "digits"
     if (root / ".complete").exists():
         return root
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise ValueError(f"data.root={root} is not a digits export: with data.name=digits (the default data, and "
+                         f"the data of a checkpoint trained on it) data.root is where the digits are exported, "
+                         f"and {root} already holds something else. For an image folder pass data=imagefolder "
+                         f"data.root=<folder with train/ and val/> (eval.py: and data.img_size=<the checkpoint's>)")
     info(f"[data] data=digits: exporting scikit-learn's handwritten digits to {root} (once); "
           f"for your own images use data=imagefolder data.root=<folder>")
     from sklearn.datasets import load_digits
