@@ -31,9 +31,13 @@ per worker and epoch (the same shared-memory record).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import tempfile
+import uuid
 import warnings
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,6 +94,23 @@ def _check_file(path: str, background: tuple[int, int, int]) -> str | None:
     return None
 
 
+def _claim(path: str) -> bool:
+    """Whether this process is the first of all to create ``path``: the file is created exclusively, so of several
+    worker processes that meet a DecompressionBombWarning at once exactly one shows it (a shared flag alone is
+    check-then-set: two workers can both pass it)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _remove_claim(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # the dataset's own process, not a worker holding a copy of it
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 class RobustImageFolder(ImageFolder):
     """torchvision `ImageFolder` over `root/<class>/*` that decodes to RGB and skips bad files.
 
@@ -134,6 +155,8 @@ class RobustImageFolder(ImageFolder):
             self._verify()
         self._bad = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()  # 1 = known bad
         self._bomb_warned = torch.zeros(1, dtype=torch.uint8).share_memory_()  # see _load
+        self._bomb_claim = os.path.join(tempfile.gettempdir(), f"vit-bomb-warning-{uuid.uuid4().hex}")
+        weakref.finalize(self, _remove_claim, self._bomb_claim, os.getpid())
         self._check_fraction()
         counts = np.bincount(np.asarray(self.targets, dtype=np.int64), minlength=len(self.classes))
         empty = [str(root / c) for c, n in zip(self.classes, counts) if n == 0]
@@ -158,7 +181,7 @@ class RobustImageFolder(ImageFolder):
         for w in caught:
             if not issubclass(w.category, Image.DecompressionBombWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-            elif not self._bomb_warned[0]:
+            elif not self._bomb_warned[0] and _claim(self._bomb_claim):
                 self._bomb_warned[0] = 1
                 warnings.warn(f"{path}: {w.message} Shown once for {self.root}; PIL.Image.MAX_IMAGE_PIXELS sets "
                               f"the limit", Image.DecompressionBombWarning, stacklevel=2)
