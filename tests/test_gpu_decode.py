@@ -168,11 +168,11 @@ def v2_gpu_arithmetic(img, box, size, mode):
     return out.round().to(torch.uint8)
 
 
-def assert_close_to_v2(out, images, boxes, flips, size, mode):
-    """out[b] against v2's GPU arithmetic for image b, flipped where asked: at most one level apart, and rarely (a
-    float32 sum sitting at .5 may round either way)."""
+def assert_close_to_v2(out, images, boxes, flips, size, mode, reference=v2_gpu_arithmetic):
+    """out[b] against ``reference`` (v2's GPU arithmetic) for image b, flipped where asked: at most one level apart,
+    and rarely (a float32 sum sitting at .5 may round either way)."""
     for b, (img, box) in enumerate(zip(images, boxes)):
-        ref = v2_gpu_arithmetic(img, box, size, mode)
+        ref = reference(img, box, size, mode)
         ref = ref.flip(-1) if flips[b] else ref
         diff = (out[b].int() - ref.int()).abs()
         assert diff.max() <= 1 and diff.float().mean() <= 0.01, (mode, b, diff.max().item(), diff.float().mean().item())
@@ -383,11 +383,8 @@ def test_gpu_resized_crops_are_v2_resized_crop():
     boxes, flips = [[10, 20, 300, 260], [0, 0, 64, 48], [100, 50, 1000, 1400], [0, 7, 200, 150]], [False, True, True, False]
     for mode in (TF.InterpolationMode.BILINEAR, TF.InterpolationMode.BICUBIC):
         out = gd.resized_crops(images, boxes, flips, [224, 224], mode)
-        for b, (img, box) in enumerate(zip(images, boxes)):
-            ref = F2.resized_crop(img, *box, [224, 224], mode, antialias=True)
-            ref = ref.flip(-1) if flips[b] else ref
-            diff = (out[b].int() - ref.int()).abs()
-            assert diff.max() <= 1 and diff.float().mean() <= 0.01, (mode, b, diff.max().item())
+        assert_close_to_v2(out, images, boxes, flips, [224, 224], mode,
+                           reference=lambda img, box, size, m: F2.resized_crop(img, *box, size, m, antialias=True))
     outside = [[-4, 30, 100, 90], [0, 0, 64, 48], [0, 0, 10, 10], [0, 0, 10, 10]]  # v2 pads a box outside the image
     out = gd.resized_crops(images, outside, [False] * 4, [224, 224], TF.InterpolationMode.BICUBIC)
     assert torch.equal(out[0], F2.resized_crop(images[0], *outside[0], [224, 224], TF.InterpolationMode.BICUBIC))

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vit.gpu_decode import to_device
+
 ROWS = 8  # output rows per program
 
 
@@ -140,7 +142,7 @@ def crop_resize(images: list[torch.Tensor], boxes: list[list[int]], flips: list[
         offsets.append(offsets[-1] + img.numel())
     meta = torch.tensor([[o, img.shape[1], img.shape[2], *box, int(f)]
                          for o, img, box, f in zip(offsets, images, boxes, flips)], dtype=torch.int64)
-    meta = meta.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else meta
+    meta = to_device(meta, device)
     out = torch.empty(len(images), 3, *size, dtype=torch.uint8, device=device)
     grid = (len(images) * 3, triton.cdiv(size[0], ROWS))
     crop_resize_kernel[grid](flat, meta, out, size[0], size[1], BICUBIC=bicubic, ROWS=ROWS,

@@ -27,7 +27,7 @@ in any worker are seen by the main process and by later workers: `num_bad` is ex
 process group, and a file warns once in total (twice at worst, if two workers hit it at the same moment).
 Warnings issued in workers go to their stderr. Under DDP each rank holds its own dataset and its own count.
 PIL's DecompressionBombWarning (an image above `PIL.Image.MAX_IMAGE_PIXELS`) is shown once per dataset, not once
-per worker and epoch (the same shared-memory record).
+per worker and epoch: the first process to create a claim file in the temp directory shows it.
 """
 from __future__ import annotations
 
@@ -154,7 +154,6 @@ class RobustImageFolder(ImageFolder):
         if verify:
             self._verify()
         self._bad = torch.zeros(len(self.samples), dtype=torch.uint8).share_memory_()  # 1 = known bad
-        self._bomb_warned = torch.zeros(1, dtype=torch.uint8).share_memory_()  # see _load
         self._bomb_claim = os.path.join(tempfile.gettempdir(), f"vit-bomb-warning-{uuid.uuid4().hex}")
         weakref.finalize(self, _remove_claim, self._bomb_claim, os.getpid())
         self._check_fraction()
@@ -181,8 +180,7 @@ class RobustImageFolder(ImageFolder):
         for w in caught:
             if not issubclass(w.category, Image.DecompressionBombWarning):
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-            elif not self._bomb_warned[0] and _claim(self._bomb_claim):
-                self._bomb_warned[0] = 1
+            elif _claim(self._bomb_claim):
                 warnings.warn(f"{path}: {w.message} Shown once for {self.root}; PIL.Image.MAX_IMAGE_PIXELS sets "
                               f"the limit", Image.DecompressionBombWarning, stacklevel=2)
         return img
