@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import vit.gpu_decode as gd
+from vit.color_jitter import color_jitter
 from vit.crop_resize import crop_resize
 from vit.data import ResumableSampler, SeededDataset, build_imagefolder, build_pipeline, build_transform
 from vit.images import BadImageWarning, TooManyBadFilesError, load_rgb
@@ -209,7 +210,8 @@ def test_color_jitter_is_pils(folder):
     x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1)[None].repeat(3, 1, 1, 1)
     order = torch.tensor([[0, 1, 2, 3], [2, 3, 1, 0], [1, 0, 3, 2]])
     factors = torch.tensor([[0.6, 1.4, 0.9], [1.3, 0.7, 1.1], [1.0, 0.65, 1.35]])
-    out = gd.color_jitter(x, order, factors)
+    out = gd.jitter_ops(x, order, factors)
+    assert torch.equal(color_jitter(x, order, factors), out)
     ops = {0: TF.adjust_brightness, 1: TF.adjust_contrast, 2: TF.adjust_saturation}
     for b in range(3):
         ref = img
@@ -226,7 +228,7 @@ def jitter_op_by_op(x, order, factors):
         for op in range(3):
             applies = (order[:, position] == op).view(-1, 1, 1, 1)
             base = (torch.zeros_like(x[:, :1]) if op == 0 else
-                    (gd.gray(x).mean(dim=(1, 2, 3), keepdim=True) + 0.5).floor_() if op == 1 else gd.gray(x))
+                    gd.gray_mean(gd.gray(x)) if op == 1 else gd.gray(x))
             x = torch.where(applies, gd._floor_blend(x, base, f[:, op]), x)
     return x.to(torch.uint8)
 
@@ -238,9 +240,44 @@ def test_color_jitter_is_the_op_by_op_jitter_bitwise():
     x = torch.randint(0, 256, (16, 3, 9, 11), dtype=torch.uint8, generator=g)
     order = torch.stack([torch.randperm(4, generator=g) for _ in range(16)])
     factors = 0.6 + 0.8 * torch.rand(16, 3, generator=g)
-    assert torch.equal(gd.color_jitter(x, order, factors), jitter_op_by_op(x, order, factors))
+    assert torch.equal(gd.jitter_ops(x, order, factors), jitter_op_by_op(x, order, factors))
     only_brightness = torch.tensor([[0, 3, 3, 3]] * 16)
-    assert torch.equal(gd.color_jitter(x, only_brightness, factors), jitter_op_by_op(x, only_brightness, factors))
+    assert torch.equal(gd.jitter_ops(x, only_brightness, factors), jitter_op_by_op(x, only_brightness, factors))
+
+
+def test_contrast_mean_is_pils_rounding():
+    """PIL's ``int(mean + 0.5)``: a mean of exactly k + ½ rounds up, one a hair below it rounds down."""
+    half = torch.tensor([100.0, 101.0]).repeat(8).view(1, 1, 4, 4)  # mean 100.5
+    below = half.clone()
+    below[0, 0, 0, 1] = 100.0  # mean 100.4375
+    assert gd.gray_mean(half).item() == 101 and gd.gray_mean(below).item() == 100
+
+
+def test_one_launch_jitter_is_the_pytorch_jitter_bitwise():
+    """vit.color_jitter (under Triton's interpreter here) = gpu_decode.jitter_ops, bitwise: random orders, factors
+    and pixels at a size that leaves a partial last block (38 × 41 = 1558 pixels), a contrast factor of 1 (no mean
+    pass), and contrast first on a grayscale mean of exactly 100.5 (PIL rounds it up) and one a pixel below it."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 256, (6, 3, 38, 41), dtype=torch.uint8, generator=g)
+    x[4] = torch.tensor([100, 101], dtype=torch.uint8).repeat(3, 38 * 41 // 2).view(3, 38, 41)  # gray = the value
+    x[5] = x[4]
+    x[5, :, 0, 1] = 100
+    assert [gd.gray_mean(gd.gray(x[i:i + 1].float())).item() for i in (4, 5)] == [101, 100]
+    order = torch.stack([torch.randperm(4, generator=g) for _ in range(6)])
+    order[4:] = torch.tensor([1, 0, 2, 3])
+    factors = 0.6 + 0.8 * torch.rand(6, 3, generator=g)
+    factors[2, 1] = 1.0
+    out = color_jitter(x, order, factors)
+    assert torch.equal(out, gd.jitter_ops(x, order, factors))
+    assert (out != x).any(dim=(1, 2, 3)).all()
+
+
+def test_one_launch_jitter_refuses_bad_shapes():
+    x = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="uint8 \\(B, 3, H, W\\)"):
+        color_jitter(x.float(), torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="order \\(B, 4\\) and factors \\(B, 3\\)"):
+        color_jitter(x, torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3))
 
 
 def test_decoder_failures_fall_back_to_pil_or_count_a_bad_file(folder, patched):
@@ -396,7 +433,7 @@ def test_gpu_color_jitter_is_the_op_by_op_jitter_bitwise():
     x = torch.randint(0, 256, (32, 3, 64, 48), dtype=torch.uint8, generator=g)
     order = torch.stack([torch.randperm(4, generator=g) for _ in range(32)])
     factors = 0.6 + 0.8 * torch.rand(32, 3, generator=g)
-    out = gd.color_jitter(x.cuda(), order, factors)
+    out = gd.jitter(x.cuda(), order, factors)
     assert out.is_cuda and torch.equal(out, jitter_op_by_op(x.cuda(), order.cuda(), factors.cuda()))
 
 

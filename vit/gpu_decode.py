@@ -14,7 +14,7 @@ The train split only (validation keeps the workers' PIL path). Three parts:
 - :class:`GpuDecoder` (the batch step) decodes the JPEG bytes with ``torchvision.io.decode_jpeg(list,
   device=...)`` (nvJPEG), then crops, resizes and flips the batch in one kernel with the arithmetic of torchvision's
   v2 ``resized_crop`` (:func:`resized_crops`; the config's interpolation, antialias on: the operation timm's crop
-  does with PIL, on images of any size) and runs the colour jitter batched (brightness,
+  does with PIL, on images of any size) and runs the colour jitter in one launch (:func:`jitter`: brightness,
   contrast, saturation blends in each image's own order, rounded to uint8 after each as PIL's are). Output:
   uint8 (B, 3, H, W). Not ``roi_align``: it needs one (N, C, H, W) float tensor, so a batch of 256 images of up
   to 500×500 would be padded to ~770 MB, and its bilinear sampling is not timm's bicubic. A batch that fails to decode is decoded image by image: an image the GPU cannot decode goes to
@@ -225,10 +225,19 @@ def gray(x: torch.Tensor) -> torch.Tensor:
     return torch.div(r * 19595 + g * 38470 + b * 7471 + 32768, 65536, rounding_mode="floor")  # exact in float32
 
 
-def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+def gray_mean(g: torch.Tensor) -> torch.Tensor:
+    """PIL's contrast base, ``int(mean + 0.5)`` of each grayscale image, from float (B, 1, H, W) integer values:
+    (B, 1, 1, 1) float, as ``(2·Σ + n) // (2n)`` in integers (exact at any size; a float32 mean is not)."""
+    n = g[0].numel()
+    return torch.div(2 * g.to(torch.int64).sum(dim=(1, 2, 3), keepdim=True) + n, 2 * n,
+                     rounding_mode="floor").float()
+
+
+def jitter_ops(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """torchvision's ColorJitter (no hue) on a uint8 batch, each image with its own op order and factors, as
     PIL's ImageEnhance computes it on each image: brightness blends with black, contrast with the rounded mean
-    of the grayscale image, saturation with the grayscale image; truncated to uint8 after each op.
+    of the grayscale image, saturation with the grayscale image; truncated to uint8 after each op. PyTorch ops, on
+    any device (:func:`jitter` runs :func:`vit.color_jitter.color_jitter` on a GPU, bitwise the same).
 
     x: uint8 (B, 3, H, W); order: int64 (B, 4) op ids (0 brightness, 1 contrast, 2 saturation, 3 hue: skipped) and
     factors: float32 (B, 3), both on the CPU (as the workers' draws arrive). Returns uint8 (B, 3, H, W), on x's device.
@@ -243,11 +252,20 @@ def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) ->
         base = torch.zeros_like(x[:, :1])  # (B, 1, H, W): black, for brightness (and hue)
         if needs_gray[position]:
             g = gray(x)
-            mean = (g.mean(dim=(1, 2, 3), keepdim=True) + 0.5).floor_()
-            base = torch.where(op == 2, g, torch.where(op == 1, mean, base))
+            base = torch.where(op == 2, g, torch.where(op == 1, gray_mean(g), base))
         # one blend per position, with each image's own base and factor: 5 passes over the batch (18 for a blend per op)
         x = _floor_blend(x, base, f[:, position])
     return x.to(torch.uint8)
+
+
+def jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """:func:`jitter_ops`' result (same arguments): on a GPU in one launch (:func:`vit.color_jitter.color_jitter`),
+    elsewhere with PyTorch ops."""
+    if x.is_cuda:
+        from vit.color_jitter import color_jitter
+
+        return color_jitter(x, order, factors)
+    return jitter_ops(x, order, factors)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -285,7 +303,7 @@ class GpuDecoder:
         x = resized_crops(images, [m[3:7] for m in rows], [bool(m[7]) for m in rows], list(self.aug.crop.size),
                           self.aug.crop.interpolation)  # (B, 3, H, W) uint8
         if self.aug.jitters:
-            x = color_jitter(x, order, factors)
+            x = jitter(x, order, factors)
         return x, labels, batch.seeds
 
     def decode(self, parts: list[torch.Tensor], meta: torch.Tensor, device) -> list[torch.Tensor | None]:
