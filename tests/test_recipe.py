@@ -167,6 +167,7 @@ def test_odd_micro_batch_with_mixup_fails_at_start_up(tmp_path):
     ("ema.decay=1.5", "ema.decay"),
     ("optim.layer_decay=1.5", "optim.layer_decay"),
     ("schedule.warmup_steps=2.5", "schedule.warmup_steps"),
+    ("optim.fused=yes", "optim.fused"),
 ])
 def test_invalid_recipe_values_name_the_key(override, key):
     with pytest.raises(ValueError, match=rf"invalid config value {key}="):
@@ -199,6 +200,24 @@ def test_layer_decay_param_groups_have_the_per_block_rates():
     assert len(rate) == len(params)  # every parameter is in one group
     plain = build_optimizer(model, compose_cfg(["optim.lr=1e-3"]))
     assert all("lr_scale" not in g for g in plain.param_groups)
+
+
+def test_adamw_is_fused_where_asked_and_on_cuda_by_default():
+    """optim.fused: auto leaves a CPU model on foreach AdamW; true runs PyTorch's fused kernel (here on the CPU) and
+    gives the foreach step's parameters to float rounding."""
+    from vit.build import build_optimizer, fused_adamw
+
+    assert not fused_adamw("auto", [torch.zeros(2)]) and not fused_adamw("auto", [])
+    steps = {}
+    for setting in ("auto", True):
+        torch.manual_seed(0)
+        model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+        optimizer = build_optimizer(model, compose_cfg(["optim.lr=1e-2", f"optim.fused={str(setting).lower()}"]))
+        assert bool(optimizer.defaults["fused"]) == (setting is True)
+        model(torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))).square().mean().backward()
+        optimizer.step()
+        steps[setting] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    torch.testing.assert_close(steps[True], steps["auto"], rtol=1e-5, atol=1e-6)
 
 
 def test_warmup_steps_counts_optimizer_steps():

@@ -41,6 +41,7 @@ def check_train_config(cfg) -> None:
     _require(cfg.clip_grad >= 0, "clip_grad", cfg.clip_grad, "a max gradient norm >= 0 (0 = no clipping)")
     _require(0 <= cfg.label_smoothing < 1, "label_smoothing", cfg.label_smoothing, "a value in [0, 1)")
     _require(cfg.optim.lr > 0, "optim.lr", cfg.optim.lr, "a positive learning rate")
+    fused_adamw(cfg.optim.get("fused", "auto"), [])  # checks the setting
     _require(cfg.nonfinite.policy in ("stop", "skip"), "nonfinite.policy", cfg.nonfinite.policy, "'stop' or 'skip'")
     _require(isinstance(cfg.nonfinite.max_skips, int) and cfg.nonfinite.max_skips >= 0, "nonfinite.max_skips",
              cfg.nonfinite.max_skips, "an integer >= 0")
@@ -261,11 +262,31 @@ def effective_lr(cfg) -> float:
     return float(cfg.optim.lr) * cfg.batch_size / base
 
 
+def fused_adamw(setting, params: list[torch.Tensor]) -> bool:
+    """``optim.fused``: whether AdamW runs as PyTorch's one fused multi-tensor kernel (``fused=True``) instead of its
+    per-op ``foreach`` form; ``auto`` fuses when every parameter is a plain CUDA tensor (not FSDP's sharded DTensor).
+
+    Raises:
+        ValueError: a setting other than auto, true, false.
+    """
+    _require(setting in ("auto", True, False), "optim.fused", setting,
+             "auto (fused on CUDA), true (PyTorch's fused AdamW kernel) or false (its foreach ops)")
+    if setting != "auto":
+        return setting
+    if not params or not all(p.is_cuda for p in params):
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return not any(isinstance(p, DTensor) for p in params)
+
+
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     """AdamW (Loshchilov & Hutter, 2019) at :func:`effective_lr` over :func:`vit.recipe.param_groups`
-    (weight decay and, with ``optim.layer_decay``, per-layer learning rates)."""
+    (weight decay and, with ``optim.layer_decay``, per-layer learning rates), fused per :func:`fused_adamw`."""
     o = cfg.optim
-    return torch.optim.AdamW(param_groups(model, cfg), lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps)
+    fused = fused_adamw(o.get("fused", "auto"), list(model.parameters()))
+    return torch.optim.AdamW(param_groups(model, cfg), lr=effective_lr(cfg), betas=tuple(o.betas), eps=o.eps,
+                             fused=fused)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg, steps_per_epoch: int) -> CosineLRScheduler:
