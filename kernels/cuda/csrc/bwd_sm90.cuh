@@ -8,10 +8,9 @@
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − delta)·scale, in registers (masked)
 //   dV += Pᵀ dO, dK += dSᵀ Q         wgmma m64nDk16, A = Pᵀ / dSᵀ from registers, B MN-major
-//   dSᵀ -> shared memory (128B-swizzled by hand, as TMA would; two buffers, alternate steps), then
+//   dSᵀ -> shared memory (128B-swizzled by hand, as TMA would), then
 //   dQ_w = dS K_w                     wgmma m64nDk16, A = dS (MN-major: dSᵀ's rows are keys), B = K_w
-//                                     MN-major, over this warpgroup's 64 keys only; issued with dV and dK
-//                                     after one barrier, in one commit group (but at d = 128 without DQ_COLS)
+//                                     MN-major, over this warpgroup's 64 keys only
 //   dq_accum += dQ_w with float32 atomics (REDG.F32x2), so both consumers add to the same rows:
 //   twice the atomics of a 128-key split, and dq is not bitwise reproducible (dk, dv are).
 // DQ_COLS (head_dim 128 only, VIT_CUDA_BWD_DQ=columns; opt-in until it has passed the GPU tests):
@@ -36,7 +35,7 @@ template <int D> struct BwdSm90Traits {
   static constexpr int kColBlocks = D / 64;
   static constexpr int kKVBytes = kBlockN * D * 2;   // K or V
   static constexpr int kTileBytes = kBlockM * D * 2; // one Q or dO stage
-  static constexpr int kDSBytes = 2 * kBlockN * kBlockM * 2;  // dSᵀ, two buffers: step i writes i % 2
+  static constexpr int kDSBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kTileBytes + kDSBytes + 1024;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
@@ -149,6 +148,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   float *dq = p.dq_accum + bh * N * D;
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
+  T *dSw = dSs + w * 64 * BM;
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   float dk[NO], dv[NO];
 #pragma unroll
@@ -158,7 +158,6 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   for (int i = 0; i < m_blocks; ++i) {
     const int st = i % S, m0 = i * BM;
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
-    T *dSb = dSs + (i % 2) * BN * BM, *dSw = dSb + w * 64 * BM;  // this step's dSᵀ buffer, this warpgroup's keys
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
     float s[32] = {}, dp[32] = {}, dqw[NQ] = {};
@@ -186,11 +185,9 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
-    // Two dSᵀ buffers: the dQ wgmma that read this one two steps ago has finished, since every thread
-    // passed the last step's barrier below after its final wait; one barrier a step instead of two.
+    ds_sync<DQ_COLS>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
-    ds_sync<DQ_COLS>(w);  // all of this step's dSᵀ is in shared memory
 
     fence_operands(dv);
     fence_operands(dk);
@@ -202,20 +199,21 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
       wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
     }
-    // dQ in the same commit group, one wait for the three products; at head_dim 128 without DQ_COLS the
-    // 64 dQ registers beside dK, dV make ptxas serialise the wgmmas (C7512), so dV, dK are waited for first.
-    if constexpr (D == 128 && !DQ_COLS) {
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(dv);
-      fence_operands(dk);
-      wgmma_fence();
-    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(sa);
+    mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
+
+    ds_sync<DQ_COLS>(w);  // all of dSᵀ is in shared memory
     fence_operands(dqw);
+    wgmma_fence();
     if constexpr (DQ_COLS) {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)  // all 128 keys; K's column block w
-        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSb + kk * 16 * 64, 64 * 128),
+        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + kk * 16 * 64, 64 * 128),
                                   make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
     } else {
 #pragma unroll
@@ -225,12 +223,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     }
     wgmma_commit();
     wgmma_wait<0>();
-    fence_operands(dv);
-    fence_operands(dk);
-    fence_operands(pa);
-    fence_operands(sa);
     fence_operands(dqw);
-    mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
 
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
@@ -274,7 +267,7 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
   T *Vs = Ks + Tr::kBlockN * D;
   T *Qs = Vs + Tr::kBlockN * D;                 // (kStages, D/64, BM, 64)
   T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
-  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (2, BN, BM): dSᵀ, swizzled
+  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BN, BM): dSᵀ, swizzled
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
   const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM;
