@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 
 import torch
 
@@ -49,14 +50,17 @@ def test_fp32_delta_matches_float64(fn, seq_len, head_dim):
 
 @pytest.mark.parametrize("fn", [precise, packed_precise], ids=["qkv", "packed"])
 def test_fp32_delta_gradients_accurate_at_huge_logits(fn):
-    """Fixed seeds, as the test below: on fresh seeds dq or dk fall outside the bound on about 1 % of draws under the
-    interpreter, a known gap at fp16 and logits ~2.5e3 (seeds 0-299: 4 draws, 7 before dS was split in two; three
-    of the four have errors of 2-3e-5 against SDPA math's 2-7e-6)."""
-    for seed in range(4):
+    """Fresh seeds each run (named on failure): under the interpreter, seeds 0-899 all pass since the dQ kernel forms
+    delta from its own P and dP (19 of them failed before, dq or dk at up to 2.3× the bound; the largest now is
+    0.96× the bound, seed 61)."""
+    for seed in [secrets.randbelow(2**31) for _ in range(4)]:
         q, k, v = _huge_logits(1, 2, 65, 32, torch.float16, scale=24.0, seed=seed)
         assert (q.float() @ k.float().transpose(-1, -2)).abs().max() * 32 ** -0.5 > 1e3  # max |logit| ≈ 2.5e3
-        torch.manual_seed(seed)  # the upstream gradient check_against_reference draws: fixed too
-        check_against_reference(fn, q, k, v, baseline=sdpa_math)
+        torch.manual_seed(seed)  # the upstream gradient check_against_reference draws
+        try:
+            check_against_reference(fn, q, k, v, baseline=sdpa_math)
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
 
 
 def test_default_delta_loses_accuracy_at_huge_logits():

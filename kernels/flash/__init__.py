@@ -122,7 +122,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
             delta's rounding error swamps); with it they stay within 2× SDPA math's error there
             (measured to max |logit| ≈ 1e5 on the H200, tests/test_flash_fp32_delta.py). It also computes
             the backward's dS·K and dSᵀ·Q as two products each, of dS rounded and of its remainder
-            (kernels.flash.kernels._ds_dot): nine matrix products in the backward instead of seven.
+            (kernels.flash.kernels._ds_dot), and the dQ kernel forms delta from its own P and dP (the form of
+            SDPA math's softmax backward; one more product, P·K: kernels.flash.kernels._bwd_dq_rows): ten matrix
+            products in the backward instead of seven.
 
     Returns:
         ``out``: ``(B, H, N, d)``, q's dtype, laid out as ``(B, N, H, d)`` in memory. Differentiable in q, k, v.

@@ -11,7 +11,8 @@ BLOCK_N keys. It keeps a running row max ``m`` and row sum ``l`` (online softmax
 Backward: two kernels that recompute ``P = exp(Q Kᵀ·scale − lse)`` tile by tile. The dQ kernel runs
 first: a program owns a query tile, forms that tile's ``delta = rowsum(dO ∘ O)`` (it holds the tile's
 dO already, so this costs one load of O and saves the separate preprocess kernel, its launch and its
-second read of dO), writes delta, and loops over all key tiles. The dK, dV kernel then owns a K/V
+second read of dO), writes delta (with fp32_delta, the form consistent with its own dP: :func:`_bwd_dq_rows`),
+and loops over all key tiles. The dK, dV kernel then owns a K/V
 tile and loops over all query tiles, reading delta. Each output element is written by exactly one
 program, so there are no atomics and results are bitwise deterministic for a given block configuration.
 
@@ -70,7 +71,8 @@ def _ds_dot(ds, b, acc, IEEE: tl.constexpr, SPLIT: tl.constexpr):
     (Σ_j P_ij (dP_ij − delta_i) = 0), and with huge logits its entries are differences of nearly equal terms: rounding
     each to fp16/bf16 breaks that sum, the error fp32_delta's split removes (interpreter, fp16, (1, 2, 65, 32), logits
     ~2.5e3, seeds 0-299: dq or dk outside the 2× rule on 4 draws, 7 unsplit; scaling the remainder by 2¹¹ against
-    fp16's flush of values below 6e-8 changed none of the 300, so it is not scaled)."""
+    fp16's flush of values below 6e-8 changed none of the 300, so it is not scaled. With the consistent delta of
+    :func:`_bwd_dq_rows`, seeds 0-899: none split, 1 unsplit, dk at 1.07× the bound)."""
     hi = ds.to(b.dtype)
     acc = _dot(hi, b, acc, IEEE)
     if SPLIT and b.dtype != tl.float32:
@@ -355,11 +357,13 @@ def flash_bwd_dkdv_kernel(
 # Backward: delta and dQ (one program per query tile, looping over key tiles)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
+def _bwd_dq_step(dq, pk, s1, s0, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
                  stride_kn, stride_kd, stride_vn, stride_vd, offs_n, offs_d,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
                  MASK_N: tl.constexpr, SPLIT_DS: tl.constexpr):
-    """One key tile's contribution to dQ (Algorithm 2, lines 11-14 and 20)."""
+    """One key tile's contribution to dQ (Algorithm 2, lines 11-14 and 20). With ``SPLIT_DS`` (fp32_delta's) also
+    its terms of the sums that make delta consistent (:func:`_bwd_dq_rows`): ``pk`` += P K, ``s1`` += rowsum(dS),
+    ``s0`` += rowsum(P); without, those three pass through unchanged."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     cols = start_n + offs_n  # (BLOCK_N2,)
     kT = _load(K_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
@@ -373,7 +377,11 @@ def _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
     dp = _dot(do, vT, tl.zeros([do.shape[0], vT.shape[1]], dtype=tl.float32), IEEE)
     ds = p * (dp - delta[:, None])
     dq = _ds_dot(ds, tl.trans(kT), dq, IEEE, SPLIT_DS)
-    return dq
+    if SPLIT_DS:
+        pk = _dot(p.to(kT.dtype), tl.trans(kT), pk, IEEE)
+        s1 += tl.sum(ds, 1)
+        s0 += tl.sum(p, 1)
+    return dq, pk, s1, s0
 
 
 @triton.jit
@@ -382,7 +390,22 @@ def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_b
                  stride_don, stride_dod, stride_dqn, stride_dqd, stride_on, stride_od,
                  HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, ADD_RES: tl.constexpr,
                  ROWS: tl.constexpr, BLOCK_N2: tl.constexpr):
-    """delta and dQ of query rows row0 … row0 + ROWS − 1 of one (batch, head), looping over every key tile."""
+    """delta and dQ of query rows row0 … row0 + ROWS − 1 of one (batch, head), looping over every key tile.
+
+    ``ADD_RES`` (fp32_delta): the delta written (and used) is delta' = Σⱼ P dP / Σⱼ P of this kernel's own P and dP,
+    the delta of SDPA math's softmax backward; rowsum(dO ∘ O) of the float32 O is only its centre c. The loop adds
+    ``s1`` = rowsum(P (dP − c)), ``s0`` = rowsum(P) and ``pk`` = P K (one more product per key tile); with
+    corr = s1 / s0, dS' = dS − corr·P and dQ' = Σ dS K − corr·(P K). Why: with huge logits P is nearly one-hot, and
+    at a row's top key dS = P (dP − delta) is the difference of two float32 dot products of |dP| up to ~20, each
+    rounded on its own (errors 1-3e-6 there: dP's d products, and delta); times scale·|k| ≈ 15 those were the dq and
+    dk errors of 1-3e-5 that fell outside the 2× rule. In delta' the top key's dP rounding cancels, as in SDPA math
+    (whose dP − delta errs by at most 6e-7 there), and O's own error drops out (where a row's P is split, the float32
+    O is off by ~1e-4: seed 125, P 0.78/0.22, 1.5e-4, 6e-5 of it from P rounded to fp16 for P V). Interpreter, fp16, (1, 2, 65, 32), q and k × 24,
+    check_against_reference against SDPA math: seeds 0-899, 19 draws outside the bound before, none after; largest
+    err / bound 0.96 (before, over seeds 300-899: 2.32), 99th percentile over 300-899 0.72 (1.62). The dK/dV kernel
+    reads delta' and gains where its dP is bitwise this kernel's: on the interpreter its v doᵀ tiles are this
+    kernel's do vᵀ tiles transposed, bitwise (and forming them as (do vᵀ)ᵀ there changed none of the 900 results);
+    on a GPU, whose two kernels use other tile shapes and MMA instructions, that is unchecked."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     offs_m, offs_d, row_mask, d_mask = _tile_index(row0, N, ROWS, HEAD_DIM, HEAD_DIM_PADDED)
     q = _load(Q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, row_mask, d_mask, True, PAD_D)
@@ -392,23 +415,36 @@ def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_b
     if ADD_RES:
         o += _load(R_base + o_offs, row_mask, d_mask, True, PAD_D).to(tl.float32)
     delta = tl.sum(o * do.to(tl.float32), 1)  # (ROWS,) Algorithm 2, line 4; 0 on padded rows
-    tl.store(Delta_base + offs_m, delta, mask=offs_m < N)
+    if not ADD_RES:  # (with ADD_RES, delta' after the loop)
+        tl.store(Delta_base + offs_m, delta, mask=offs_m < N)
     lse = tl.load(Lse_base + offs_m, mask=offs_m < N, other=0.0) * _LOG2E
     dq = tl.zeros([ROWS, HEAD_DIM_PADDED], dtype=tl.float32)
+    if ADD_RES:  # the sums that make delta consistent (see the docstring)
+        pk = tl.zeros([ROWS, HEAD_DIM_PADDED], dtype=tl.float32)
+        s1 = tl.zeros([ROWS], dtype=tl.float32)
+        s0 = tl.zeros([ROWS], dtype=tl.float32)
+    else:  # unused: _bwd_dq_step passes them through
+        pk = 0.0
+        s1 = 0.0
+        s0 = 0.0
     n_full = (N // BLOCK_N2) * BLOCK_N2
     for start_n in range(0, n_full, BLOCK_N2):
-        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
-                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, ADD_RES)
+        dq, pk, s1, s0 = _bwd_dq_step(dq, pk, s1, s0, q, do, lse, delta, K_base, V_base, start_n, N, qk_scale,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
+                                      HEAD_DIM, HEAD_DIM_PADDED, IEEE, False, ADD_RES)
     if _short_tail(n_full, N, BLOCK_N2):
-        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
-                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, _TAIL), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
+        dq, pk, s1, s0 = _bwd_dq_step(dq, pk, s1, s0, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, _TAIL), offs_d,
+                                      HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
     elif n_full < N:
-        dq = _bwd_dq_step(dq, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
-                          stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
-                          HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
+        dq, pk, s1, s0 = _bwd_dq_step(dq, pk, s1, s0, q, do, lse, delta, K_base, V_base, n_full, N, qk_scale,
+                                      stride_kn, stride_kd, stride_vn, stride_vd, tl.arange(0, BLOCK_N2), offs_d,
+                                      HEAD_DIM, HEAD_DIM_PADDED, IEEE, True, ADD_RES)
 
+    if ADD_RES:  # delta' = delta + corr = Σ P dP / Σ P, and dS' = dS − corr·P: dQ −= corr·(P K)
+        corr = s1 / s0  # padded rows: s0 > 0 (their q is 0, P = 1 on every valid key)
+        dq -= corr[:, None] * pk
+        tl.store(Delta_base + offs_m, delta + corr, mask=offs_m < N)
     dq = dq * softmax_scale
     tl.store(DQ_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd, dq.to(DQ_base.dtype.element_ty),
              mask=row_mask & d_mask)
@@ -427,9 +463,9 @@ def flash_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr, ADD_RES: tl.constexpr,
     BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
 ):
-    """Grid (cdiv(N, BLOCK_M2)·B·H,). Writes Delta = rowsum(dO ∘ O) (float32, (B, H, N); O = Out, or
-    Out + Res where ``ADD_RES``, Res laid out as Out) and dQ = scale · Σ dS K; with ``ADD_RES`` (fp32_delta) dS K as
-    two products (:func:`_ds_dot`)."""
+    """Grid (cdiv(N, BLOCK_M2)·B·H,). Writes Delta = rowsum(dO ∘ O) (float32, (B, H, N); O = Out) and
+    dQ = scale · Σ dS K; with ``ADD_RES`` (fp32_delta) Delta = Σ P dP / Σ P, centred on rowsum(dO ∘ (Out + Res)), Res
+    laid out as Out (:func:`_bwd_dq_rows`), and dS K as two products (:func:`_ds_dot`)."""
     softmax_scale, qk_scale = tl.cast(softmax_scale, tl.float32), tl.cast(qk_scale, tl.float32)
     start_m, off_bh = _tile_and_head(N, BLOCK_M2)
     off_b = (off_bh // H).to(tl.int64)
