@@ -305,6 +305,15 @@ def test_memory_peak_needs_a_gpu():
         record(lambda: None)
 
 
+def test_decoder_probe_needs_a_gpu():
+    from benchmarks import decoder_probe
+
+    if ON_GPU:
+        pytest.skip("checks the CPU-only error")
+    with pytest.raises(SystemExit, match="machine with a CUDA GPU"):
+        decoder_probe.main([])
+
+
 def test_launch_overhead_needs_a_gpu():
     from benchmarks import launch_overhead
 

@@ -276,12 +276,15 @@ assert native._module is None, "the extension loaded"
 assert torch.equal(got, op._bwd_qkvpacked(dout, qkv, out, lse, 0.25, True)), "differs from the Python launcher"
 print("ok")
 """
-    env = {**os.environ, "VIT_FLASH_LAUNCHER": "auto"}
+    # The interpreter where there is no GPU (auto then never loads the extension). On a GPU the child runs there,
+    # since Triton 3.6's interpreter fails under NumPy 2 (README, "CPU only?"), with the Python launcher, since auto
+    # would load the extension at the op's first call.
+    env = {**os.environ, "VIT_FLASH_LAUNCHER": "python" if torch.cuda.is_available() else "auto"}
     env.pop("TRITON_INTERPRET", None)
-    if not torch.cuda.is_available():  # on a GPU machine the GPU runs it (Triton 3.6's interpreter: README, CPU only?)
+    if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                         check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
 
 

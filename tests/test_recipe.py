@@ -220,6 +220,29 @@ def test_adamw_is_fused_where_asked_and_on_cuda_by_default():
     torch.testing.assert_close(steps[True], steps["auto"], rtol=1e-5, atol=1e-6)
 
 
+def test_a_resumed_optimizer_keeps_its_own_fused_setting():
+    """A checkpoint's param groups carry fused/foreach; a resumed run uses its own optim.fused (checkpoints written
+    before optim.fused existed are foreach), and steps on with the loaded moments either way."""
+    from vit.build import build_optimizer
+    from vit.wrap import load_optimizer_state_dict
+
+    for saved, resumed in ((True, False), (False, True)):
+        torch.manual_seed(0)
+        model = create_model("debug", img_size=8, patch_size=4, num_classes=10)
+        before = build_optimizer(model, compose_cfg([f"optim.fused={str(saved).lower()}"]))
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+        before.step()
+        after = build_optimizer(model, compose_cfg([f"optim.fused={str(resumed).lower()}"]))
+        load_optimizer_state_dict(model, after, before.state_dict())
+        assert all(bool(g["fused"]) == resumed for g in after.param_groups), (saved, resumed)
+        moments = [after.state[p]["exp_avg"].clone() for p in model.parameters()]
+        after.step()  # the loaded step counters and moments suit the new implementation
+        assert any(not torch.equal(after.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
+        assert all(float(after.state[p]["step"]) == 2 for p in model.parameters())
+    with pytest.raises(ValueError, match="invalid config value optim.fused=1"):
+        build_optimizer(model, compose_cfg(["optim.fused=1"]))
+
+
 def test_warmup_steps_counts_optimizer_steps():
     from vit.build import build_optimizer, build_scheduler
 

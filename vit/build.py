@@ -269,7 +269,7 @@ def fused_adamw(setting, params: list[torch.Tensor]) -> bool:
     Raises:
         ValueError: a setting other than auto, true, false.
     """
-    _require(setting in ("auto", True, False), "optim.fused", setting,
+    _require(setting == "auto" or isinstance(setting, bool), "optim.fused", setting,
              "auto (fused on CUDA), true (PyTorch's fused AdamW kernel) or false (its foreach ops)")
     if setting != "auto":
         return setting

@@ -242,7 +242,7 @@ def jitter_ops(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> t
     x: uint8 (B, 3, H, W); order: int64 (B, 4) op ids (0 brightness, 1 contrast, 2 saturation, 3 hue: skipped) and
     factors: float32 (B, 3), both on the CPU (as the workers' draws arrive). Returns uint8 (B, 3, H, W), on x's device.
     """
-    x = x.float()
+    x, factors = x.float(), factors.float()  # float32 factors: PIL's blend alpha is a C float
     needs_gray = ((order == 1) | (order == 2)).any(0).tolist()  # per position, read on the host
     f = torch.cat([factors, torch.ones_like(factors[:, :1])], 1)  # (B, 4): hue's factor 1 leaves x as it is
     f = to_device(f.gather(1, order), x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1): per position

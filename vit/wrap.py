@@ -159,9 +159,18 @@ def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimize
     return {"state": {index[n]: s for n, s in full["state"].items()}, "param_groups": groups}
 
 
+# How an optimizer's step runs, not what it computes: the resumed run's own setting (optim.fused) decides, where
+# Optimizer.load_state_dict would keep the checkpoint's.
+_IMPLEMENTATION_KEYS = ("foreach", "fused")
+
+
 def load_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Inverse of :func:`optimizer_state_dict`: load a full, numbered optimizer state in any mode
-    (with FSDP every rank passes the full state and keeps its shard)."""
+    (with FSDP every rank passes the full state and keeps its shard). The param groups keep ``optimizer``'s
+    ``foreach`` / ``fused`` choice, not the checkpoint's."""
+    groups = [{**saved, **{k: now[k] for k in _IMPLEMENTATION_KEYS if k in now}}
+              for saved, now in zip(state["param_groups"], optimizer.param_groups)]
+    state = {**state, "param_groups": groups + state["param_groups"][len(groups):]}
     if not is_sharded(model):
         optimizer.load_state_dict(state)
         return
