@@ -6,10 +6,10 @@ is the backward in one kernel, with dQ reduce-added (FlashAttention-3's way). No
 backend: measured on the H200 (benchmarks/results/flash_h200_20261201.md) the TMA kernels were faster only at
 N = 4096 (forward −3-4 %, dK/dV −9 % at head_dim 128) and 40-60 % slower at N = 197, and the fused one was 1.02-1.33×
 the two-kernel backward's time (flash_native_h200_20261201.md). What differs is how tiles reach shared memory:
-each program builds 2-D tensor descriptors ``[N, HEAD_DIM]`` over its (batch, head)'s rows (``tl.make_tensor_descriptor``),
-and ``desc.load`` becomes a TMA bulk copy that the compiler pipelines with mbarriers and can hand to
-a producer warp (``WARP_SPECIALIZE``: Triton's Hopper warp-specialisation pass). TMA fills rows past
-N and columns past HEAD_DIM with zeros, so only the scores of the last key tile need a mask.
+each program builds 2-D tensor descriptors ``[N, HEAD_DIM]`` over its (batch, head)'s rows
+(``tl.make_tensor_descriptor``), and ``desc.load`` becomes a TMA bulk copy that the compiler pipelines with
+mbarriers and can hand to a producer warp (``WARP_SPECIALIZE``: Triton's Hopper warp-specialisation pass). TMA fills
+rows past N and columns past HEAD_DIM with zeros, so only the scores of the last key tile need a mask.
 
 Requirements (checked by the launcher): a Hopper GPU, the last stride 1, the other strides and each
 head's base address 16-byte aligned. Device-side descriptors need a scratch allocator, which

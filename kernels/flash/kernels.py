@@ -401,9 +401,10 @@ def _bwd_dq_rows(Q_base, K_base, V_base, DO_base, DQ_base, O_base, R_base, Lse_b
     dk errors of 1-3e-5 that fell outside the 2× rule. In delta' the top key's dP rounding cancels, as in SDPA math
     (whose dP − delta errs by at most 6e-7 there), and O's own error drops out (where a row's P is split, the float32
     O is off by ~1e-4: seed 125, P 0.78/0.22, 1.5e-4, 6e-5 of it from P rounded to fp16 for P V). Interpreter, fp16,
-    (1, 2, 65, 32), q and k × 24, check_against_reference against SDPA math: seeds 0-899, 19 draws outside the bound before, none after; largest
-    err / bound 0.96 (before, over seeds 300-899: 2.32), 99th percentile over 300-899 0.72 (1.62). The dK/dV kernel
-    reads delta' and gains where its dP is bitwise this kernel's: on the interpreter its v doᵀ tiles are this
+    (1, 2, 65, 32), q and k × 24, check_against_reference against SDPA math: seeds 0-899, 19 draws outside the bound
+    before, none after; largest err / bound 0.96 (before, over seeds 300-899: 2.32), 99th percentile over 300-899 0.72
+    (1.62). The GPU tests (bf16, max |logit| to 1e5) pass with it (benchmarks/results/h200_20261202_b.md). The dK/dV
+    kernel reads delta' and gains where its dP is bitwise this kernel's: on the interpreter its v doᵀ tiles are this
     kernel's do vᵀ tiles transposed, bitwise (and forming them as (do vᵀ)ᵀ there changed none of the 900 results);
     on a GPU, whose two kernels use other tile shapes and MMA instructions, that is unchecked."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
