@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vit.gpu_decode import to_device
+from vit.gpu_decode import position_factors, to_device
 
 BLOCK = 1024  # pixels per step of a program's loop
 
@@ -117,7 +117,7 @@ def color_jitter(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) ->
     if order.shape != (x.shape[0], 4) or factors.shape != (x.shape[0], 3):
         raise ValueError(f"color_jitter needs order (B, 4) and factors (B, 3) for B = {x.shape[0]}, got "
                          f"{tuple(order.shape)} and {tuple(factors.shape)}")
-    f = torch.cat([factors.float(), torch.ones_like(factors[:, :1], dtype=torch.float32)], 1).gather(1, order)
+    f = position_factors(order, factors)
     x = x.contiguous()
     out = torch.empty_like(x)
     color_jitter_kernel[(x.shape[0],)](x, out, to_device(order.contiguous(), x.device),

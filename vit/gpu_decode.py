@@ -233,6 +233,14 @@ def gray_mean(g: torch.Tensor) -> torch.Tensor:
                      rounding_mode="floor").float()
 
 
+def position_factors(order: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """float32 (B, 4): each image's jitter factor at each position of ``order`` (int64 (B, 4)), from ``factors``
+    (B, 3: brightness, contrast, saturation), cast to float32 as PIL's blend alpha is a C float; 1 at hue's position,
+    which leaves the image as it is."""
+    factors = factors.float()
+    return torch.cat([factors, torch.ones_like(factors[:, :1])], 1).gather(1, order)
+
+
 def jitter_ops(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     """torchvision's ColorJitter (no hue) on a uint8 batch, each image with its own op order and factors, as
     PIL's ImageEnhance computes it on each image: brightness blends with black, contrast with the rounded mean
@@ -242,10 +250,9 @@ def jitter_ops(x: torch.Tensor, order: torch.Tensor, factors: torch.Tensor) -> t
     x: uint8 (B, 3, H, W); order: int64 (B, 4) op ids (0 brightness, 1 contrast, 2 saturation, 3 hue: skipped) and
     factors: float32 (B, 3), both on the CPU (as the workers' draws arrive). Returns uint8 (B, 3, H, W), on x's device.
     """
-    x, factors = x.float(), factors.float()  # float32 factors: PIL's blend alpha is a C float
+    x = x.float()
     needs_gray = ((order == 1) | (order == 2)).any(0).tolist()  # per position, read on the host
-    f = torch.cat([factors, torch.ones_like(factors[:, :1])], 1)  # (B, 4): hue's factor 1 leaves x as it is
-    f = to_device(f.gather(1, order), x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1): per position
+    f = to_device(position_factors(order, factors), x.device).view(*order.shape, 1, 1, 1)  # (B, 4, 1, 1, 1)
     order = to_device(order, x.device)
     for position in range(4):
         op = order[:, position].view(-1, 1, 1, 1)  # (B, 1, 1, 1)
