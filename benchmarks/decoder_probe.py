@@ -15,6 +15,7 @@ Prints, for batches of ``--batch`` train images at 224 px (the default train tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import tempfile
@@ -88,10 +89,10 @@ def decoder_parts(loader, device: torch.device) -> None:
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14), flush=True)
 
 
-def beside_a_load(loader, device: torch.device, seconds: float = 3.0) -> None:
-    """Part 4: the loader alone, a matmul load alone, then both together."""
-    n, s = images_per_s(loader, "cuda")
-    print(f"whole loader alone: {n / s:.0f} images/s", flush=True)
+@contextlib.contextmanager
+def matmul_load(device: torch.device):
+    """A thread running 8192² bf16 matrix products until the block ends; yields a function giving their TFLOP/s so
+    far (counted at each synchronisation, every 20 products)."""
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     w = torch.randn_like(a)
     count, stop = [0], threading.Event()
@@ -103,28 +104,30 @@ def beside_a_load(loader, device: torch.device, seconds: float = 3.0) -> None:
             torch.cuda.synchronize()
             count[0] += 20
 
-    def tflops(elapsed):
-        return count[0] * 2 * 8192 ** 3 / elapsed / 1e12
+    thread = threading.Thread(target=load)
+    t0 = time.perf_counter()
+    thread.start()
+    try:
+        yield lambda: count[0] * 2 * 8192 ** 3 / (time.perf_counter() - t0) / 1e12
+    finally:
+        stop.set()
+        thread.join()
 
-    thread = threading.Thread(target=load)
-    thread.start()
-    time.sleep(seconds)
-    stop.set()
-    thread.join()
-    print(f"matmul load alone: {tflops(seconds):.0f} TFLOP/s", flush=True)
-    count[0] = 0
-    stop.clear()
-    thread = threading.Thread(target=load)
-    thread.start()
-    t0, n = time.perf_counter(), 0
-    for x, _ in loader:
-        n += x.shape[0]
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    thread.join()
-    print(f"whole loader beside the load: {n / elapsed:.0f} images/s; the load {tflops(elapsed):.0f} TFLOP/s",
-          flush=True)
+
+def beside_a_load(loader, device: torch.device, seconds: float = 3.0) -> None:
+    """Part 4: the loader alone, a matmul load alone, then both together."""
+    n, s = images_per_s(loader, "cuda")
+    print(f"whole loader alone: {n / s:.0f} images/s", flush=True)
+    with matmul_load(device) as tflops:
+        time.sleep(seconds)
+        print(f"matmul load alone: {tflops():.0f} TFLOP/s", flush=True)
+    with matmul_load(device) as tflops:
+        t0, n = time.perf_counter(), 0
+        for x, _ in loader:
+            n += x.shape[0]
+        torch.cuda.synchronize()
+        print(f"whole loader beside the load: {n / (time.perf_counter() - t0):.0f} images/s; the load "
+              f"{tflops():.0f} TFLOP/s", flush=True)
 
 
 def main(argv=None) -> None:
