@@ -141,17 +141,20 @@ def table(shapes, fp32_delta=False):
 # ---------------------------------------------------------------------------------------------
 # Parallel compilation (--warm) and config sweeps (--sweep)
 # ---------------------------------------------------------------------------------------------
-SWEEP = {  # (block_a, block_b, num_warps, num_stages) candidates per kernel; the deeper pipelines (stages 4-5) and
-    # 8-warp 64-row tiles are around the 2026-12-01 winners, untried then
+SWEEP = {  # (block_a, block_b, num_warps, num_stages[, maxnreg]) candidates per kernel; the deeper pipelines (stages
+    # 4-5) and 8-warp 64-row tiles are around the 2026-12-01 winners, the register caps around the 2026-12-02 ones
     "fwd": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
             (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4), (64, 32, 4, 4),
-            (128, 64, 8, 4), (64, 64, 4, 4), (64, 128, 4, 4)],
+            (128, 64, 8, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 64, 4, 3, 112), (64, 64, 4, 3, 96),
+            (64, 32, 4, 3, 80), (128, 32, 8, 3, 128)],
     "dkdv": [(32, 128, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
              (64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3),
-             (64, 64, 4, 4), (64, 64, 4, 5), (64, 64, 8, 3), (128, 64, 8, 3), (32, 64, 4, 4)],
+             (64, 64, 4, 4), (64, 64, 4, 5), (64, 64, 8, 3), (128, 64, 8, 3), (32, 64, 4, 4), (32, 64, 4, 3, 128),
+             (32, 64, 4, 3, 120), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168), (64, 64, 4, 3, 160)],
     "dq": [(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3),
            (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 8, 2),
-           (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 4)],
+           (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 4), (64, 32, 4, 3, 96),
+           (64, 64, 4, 3, 128), (128, 32, 8, 3, 128)],
 }
 # The Hopper (TMA descriptor) kernels of kernels/flash/hopper.py: (block_a, block_b, warps, stages, warp_specialize)
 _TMA_TILES = {"fwd_tma": [(64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4), (128, 64, 4), (64, 32, 4)],
@@ -178,12 +181,15 @@ def _single(which, cfg):
               "fwd_tma": hopper.flash_fwd_tma_kernel, "dkdv_tma": hopper.flash_bwd_dkdv_tma_kernel,
               "dq_tma": hopper.flash_bwd_dq_tma_kernel, "bwd_fused_tma": hopper.flash_bwd_fused_tma_kernel}[which]
     kwargs = dict(zip(_NAMES[which], cfg[:2]))
+    maxnreg = None
     if which.endswith("_tma"):
         hopper.ensure_allocator()
         kwargs["WARP_SPECIALIZE"] = cfg[4]
+    elif len(cfg) > 4:  # a pointer kernel's row with a register cap (configs._cfgs)
+        maxnreg = cfg[4]
     if which == "bwd_fused_tma":
         kwargs["DQ_REDUCE"] = 2
-    config = triton.Config(kwargs, num_warps=cfg[2], num_stages=cfg[3])
+    config = triton.Config(kwargs, num_warps=cfg[2], num_stages=cfg[3], maxnreg=maxnreg)
     return triton.autotune([config], key=["N_BUCKET", "HEAD_DIM"])(kernel)
 
 
@@ -263,7 +269,7 @@ def compile_parallel(jobs, workers=None):
 
 
 def sweep(kernels=None, shapes=None):
-    import triton.testing
+    from kernels.flash import configs
 
     sweep_ = {w: c for w, c in SWEEP.items() if not kernels or w in kernels}
     shapes = shapes or SWEEP_SHAPES
@@ -278,7 +284,7 @@ def sweep(kernels=None, shapes=None):
             results = []
             for cfg in cfgs:
                 try:
-                    ms = triton.testing.do_bench(_run_one(which, _single(which, cfg), tensors), warmup=10, rep=50, return_mode="median")
+                    ms = configs._bench(_run_one(which, _single(which, cfg), tensors), (0.5,))[0]  # the tuner's measure
                     results.append((ms, cfg))
                 except Exception as e:  # noqa: BLE001
                     print(f"  {which} {cfg}: {type(e).__name__}")

@@ -13,19 +13,44 @@ small tiles keep the interpreter fast while still covering full tiles and a mask
 """
 from __future__ import annotations
 
+import torch
 import triton
-import triton.testing
 
 from . import kernels
 
 INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunction)
 
-# Tuning time: the kernels run in ~0.1-10 ms, so a 5 ms warm-up and 25 ms of repeats rank them.
-_WARMUP_MS, _REP_MS = 5, 25
+# Tuning measure: each config's launches captured back to back in a CUDA graph and replayed, _ROUNDS rounds of about
+# _ROUND_MS each, as the kernels run inside a training step. triton.testing.do_bench (its default) times single launches
+# after flushing L2; on the H200 that ranking picked configs 8 % slower in back-to-back runs, the forward and the dQ
+# kernel at (32, 12, 1024, 64) (benchmarks/results/h200_20261202_c.md). The graph keeps the host's launch cost out.
+_ROUNDS, _ROUND_MS = 5, 5.0
 
 
 def _bench(kernel_call, quantiles):
-    return triton.testing.do_bench(kernel_call, warmup=_WARMUP_MS, rep=_REP_MS, quantiles=quantiles)
+    """The autotuner's measure (its ``do_bench`` contract): ``kernel_call``'s GPU time per launch in ms, at each of
+    ``quantiles`` over _ROUNDS replays of a CUDA graph of back-to-back launches."""
+    kernel_call()  # compiles outside the capture
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    kernel_call()
+    end.record()
+    end.synchronize()
+    calls = max(1, min(100, round(_ROUND_MS / max(start.elapsed_time(end), 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (data loading) keep using CUDA
+        for _ in range(calls):
+            kernel_call()
+    graph.replay()  # warm-up
+    times = []
+    for _ in range(_ROUNDS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    times.sort()
+    return [times[min(len(times) - 1, int(q * len(times)))] for q in quantiles]
 
 
 def _next_power_of_2(n: int) -> int:
@@ -43,26 +68,29 @@ def head_dim_padded(head_dim: int) -> int:
 
 
 def _cfgs(names, rows):
-    return [triton.Config(dict(zip(names, r[:2])), num_warps=r[2], num_stages=r[3]) for r in rows]
+    return [triton.Config(dict(zip(names, r[:2])), num_warps=r[2], num_stages=r[3], maxnreg=r[4] if len(r) > 4 else None)
+            for r in rows]
 
 
-# (block_a, block_b, num_warps, num_stages) per kernel and head-dim class. The 64 and 128 lists are
-# the best of a wider sweep (benchmarks/flash_bench.py --sweep, H200, bf16) at N = 197 and 4096;
-# e.g. fwd d=64: (64, 32, 4, 4) 0.181 ms at (256,12,197) where (128, 64, 4, 3) took 0.213 ms, and
-# (64, 64, 4, 3) 0.936 ms at (8,12,4096). The 256 list is unswept (smaller tiles to fit shared memory).
+# (block_a, block_b, num_warps, num_stages[, maxnreg]) per kernel and head-dim class. The 64 and 128 lists are the best
+# of wider sweeps on the H200 (bf16) at N = 197, 577, 1024 and 4096 (benchmarks/results/h200_20261202_c.md, back-to-back
+# GPU time). maxnreg caps registers a thread so more programs fit an SM: dK/dV (32, 64, 4, 3) at 153 registers runs
+# 3 programs an SM, capped at 128 it runs 4, 0.265 ms against 0.281 at (256, 12, 197, 64); (64, 64, 4, 3) at 186
+# runs 2, capped at 168 it runs 3, 0.466 against 0.495 ms at (32, 12, 1024, 64). Lower caps spill (104: 0.446 ms).
+# The 256 list is unswept (smaller tiles to fit shared memory).
 _FWD = {  # (BLOCK_M, BLOCK_N)
-    64: [(64, 64, 4, 3), (64, 32, 4, 4), (128, 64, 8, 3)],
-    128: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    64: [(64, 64, 4, 3, 112), (128, 64, 8, 3), (64, 32, 4, 3, 80)],
+    128: [(128, 32, 8, 3), (128, 64, 8, 3), (128, 32, 4, 3)],
     256: [(64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
 }
 _DKDV = {  # (BLOCK_M1, BLOCK_N1)
-    64: [(32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 4, 3)],
+    64: [(32, 64, 4, 3, 128), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168)],
     128: [(32, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)],
     256: [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
 }
 _DQ = {  # (BLOCK_M2, BLOCK_N2)
-    64: [(64, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
-    128: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)],
+    64: [(128, 64, 8, 3), (64, 32, 4, 3, 96), (64, 64, 4, 3, 128)],
+    128: [(128, 32, 8, 3, 128), (128, 64, 8, 3), (128, 32, 4, 3)],
     256: [(64, 32, 4, 2), (32, 64, 4, 2), (32, 32, 4, 2)],
 }
 _INTERPRETER = {"fwd": (128, 64, 4, 1), "dkdv": (64, 128, 4, 1), "dq": (128, 64, 4, 1)}
