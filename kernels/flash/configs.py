@@ -20,36 +20,36 @@ from . import kernels
 
 INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunction)
 
-# Tuning measure: each config's launches captured back to back in a CUDA graph and replayed, _ROUNDS rounds of about
-# _ROUND_MS each, as the kernels run inside a training step. triton.testing.do_bench (its default) times single launches
-# after flushing L2; on the H200 that ranking picked configs 8 % slower in back-to-back runs, the forward and the dQ
-# kernel at (32, 12, 1024, 64) (benchmarks/results/h200_20261202_c.md). The graph keeps the host's launch cost out.
-_ROUNDS, _ROUND_MS = 5, 5.0
+# Tuning measure: each config's launches back to back, _ROUNDS rounds of about _ROUND_MS, as the kernels run inside a
+# training step. triton.testing.do_bench (its default) times single launches after flushing L2; on the H200 that
+# ranking picked configs 8 % slower in back-to-back runs, the forward and the dQ kernel at (32, 12, 1024, 64)
+# (benchmarks/results/h200_20261202_c.md). Each round starts behind a GPU sleep of about _ROUND_MS, so the host queues
+# its launches while the GPU waits and the events time the kernels, not the host's launch cost (at most _CALLS
+# launches, ~40 µs each through the autotuner). A CUDA graph would do the same but its capture fails CUDA random ops
+# in other threads (a loader's), so it is not used.
+_ROUNDS, _ROUND_MS, _CALLS, _SLEEP_CYCLES = 5, 5.0, 50, 10_000_000
 
 
 def _bench(kernel_call, quantiles):
     """The autotuner's measure (its ``do_bench`` contract): ``kernel_call``'s GPU time per launch in ms, at each of
-    ``quantiles`` over _ROUNDS replays of a CUDA graph of back-to-back launches."""
-    kernel_call()  # compiles outside the capture
+    ``quantiles`` over _ROUNDS rounds of back-to-back launches (after one warm-up round)."""
+    kernel_call()  # compiles
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     kernel_call()
     end.record()
     end.synchronize()
-    calls = max(1, min(100, round(_ROUND_MS / max(start.elapsed_time(end), 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads (data loading) keep using CUDA
+    calls = max(1, min(_CALLS, round(_ROUND_MS / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(_ROUNDS + 1):
+        torch.cuda._sleep(_SLEEP_CYCLES)
+        start.record()
         for _ in range(calls):
             kernel_call()
-    graph.replay()  # warm-up
-    times = []
-    for _ in range(_ROUNDS):
-        start.record()
-        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
-    times.sort()
+    times = sorted(times[1:])
     return [times[min(len(times) - 1, int(q * len(times)))] for q in quantiles]
 
 
