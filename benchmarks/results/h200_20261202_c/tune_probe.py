@@ -1,6 +1,13 @@
 """Per-kernel config timing two ways: do_bench (L2 flushed, the autotuner's way) and steady back-to-back launches."""
-import sys, os, time, multiprocessing as mp
-import torch, triton, triton.testing
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import flash_bench as fb
 
@@ -30,7 +37,7 @@ def job(j):
     try:
         fb._run_one(which, single(which, cfg), fb._make_tensors(shape, torch.bfloat16, real=False))()
         torch.cuda.synchronize(); return None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  reported
         return f"{j}: {type(e).__name__}: {str(e)[:100]}"
 
 def steady(fn, n=40, rounds=7):
@@ -61,7 +68,7 @@ if __name__ == "__main__":
                     fl = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
                     st = steady(fn)
                     rows.append((st, fl, c))
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001  reported
                     print(f"  {shape} {which} {c}: {type(e).__name__}", flush=True)
             rows.sort()
             print(f"{shape} {which}: " + "; ".join(f"{c} steady {s:.4f} flushed {f:.4f}" for s, f, c in rows), flush=True)

@@ -1,6 +1,10 @@
 """Profile target: tune flash at a shape, then one fwd+bwd between cudaProfilerStart/Stop."""
-import sys, torch
+import sys
+
+import torch
+
 from kernels.flash import attention
+
 B, H, N, d = map(int, sys.argv[1:5])
 torch.manual_seed(0)
 q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
