@@ -13,6 +13,8 @@ small tiles keep the interpreter fast while still covering full tiles and a mask
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import triton
 
@@ -22,30 +24,37 @@ INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunctio
 
 # Tuning measure: each config's launches back to back, _ROUNDS rounds of about _ROUND_MS, as the kernels run inside a
 # training step. triton.testing.do_bench (its default) times single launches after flushing L2; on the H200 that
-# ranking picked configs 8 % slower in back-to-back runs, the forward and the dQ kernel at (32, 12, 1024, 64)
-# (benchmarks/results/h200_20261202_c.md). Each round starts behind a GPU sleep of about _ROUND_MS, so the host queues
-# its launches while the GPU waits and the events time the kernels, not the host's launch cost (at most _CALLS
-# launches, ~40 µs each through the autotuner). A CUDA graph would do the same but its capture fails CUDA random ops
-# in other threads (a loader's), so it is not used.
-_ROUNDS, _ROUND_MS, _CALLS, _SLEEP_CYCLES = 5, 5.0, 50, 10_000_000
+# ranking picked configs 8-9 % slower in back-to-back runs, the forward and the dQ kernel at (32, 12, 1024, 64)
+# (benchmarks/results/h200_20261202_c.md, one round). Each round starts behind a GPU sleep twice as long as the host
+# took to queue the round before, so the host queues its launches (at most _CALLS) while the GPU waits and the events
+# time the kernels, not the host's launch cost. A CUDA graph would do the same, but its capture fails CUDA random draws
+# in other threads (a loader's).
+_ROUNDS, _ROUND_MS, _CALLS = 5, 5.0, 50
 
 
 def _bench(kernel_call, quantiles):
     """The autotuner's measure (its ``do_bench`` contract): ``kernel_call``'s GPU time per launch in ms, at each of
     ``quantiles`` over _ROUNDS rounds of back-to-back launches (after one warm-up round)."""
-    kernel_call()  # compiles
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    kernel_call()
-    end.record()
-    end.synchronize()
-    calls = max(1, min(_CALLS, round(_ROUND_MS / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(_ROUNDS + 1):
-        torch.cuda._sleep(_SLEEP_CYCLES)
+
+    def elapsed_ms(work) -> float:
         start.record()
+        work()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    kernel_call()  # compiles
+    cycles_per_ms = 1e6 / elapsed_ms(lambda: torch.cuda._sleep(1_000_000))
+    calls = max(1, min(_CALLS, round(_ROUND_MS / max(elapsed_ms(kernel_call), 1e-3))))
+    times, host_ms = [], _ROUND_MS
+    for _ in range(_ROUNDS + 1):
+        torch.cuda._sleep(int(2 * host_ms * cycles_per_ms))
+        start.record()
+        queued = time.perf_counter()
         for _ in range(calls):
             kernel_call()
+        host_ms = max(0.5, (time.perf_counter() - queued) * 1e3)  # the host's time to queue the round
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
@@ -74,9 +83,13 @@ def _cfgs(names, rows):
 
 # (block_a, block_b, num_warps, num_stages[, maxnreg]) per kernel and head-dim class. The 64 and 128 lists are the best
 # of wider sweeps on the H200 (bf16) at N = 197, 577, 1024 and 4096 (benchmarks/results/h200_20261202_c.md, back-to-back
-# GPU time). maxnreg caps registers a thread so more programs fit an SM: dK/dV (32, 64, 4, 3) at 153 registers runs
-# 3 programs an SM, capped at 128 it runs 4, 0.265 ms against 0.281 at (256, 12, 197, 64); (64, 64, 4, 3) at 186
-# runs 2, capped at 168 it runs 3, 0.466 against 0.495 ms at (32, 12, 1024, 64). Lower caps spill (104: 0.446 ms).
+# GPU time). maxnreg caps the registers a thread, so that by the register file's arithmetic (65536 an SM) more programs
+# fit an SM: dK/dV (32, 64, 4, 3) took 153 registers (ncu), 0.281 ms at (256, 12, 197, 64), and 0.265 capped at 128;
+# (64, 64, 4, 3) took 186, 0.495 ms at (32, 12, 1024, 64), and 0.466 capped at 168. Caps that spill more lose: (32, 64,
+# 4, 3) capped at 104 took 0.446 ms at N = 197. Each list keeps a row without a cap for fp32_delta's flag variants, which
+# need more registers (their capped dQ rows spill 288-624 bytes, benchmarks/results/h200_20261202_c/
+# res_usage_triton38_sm90.txt). Under torch.compile the traced forward is tuned by Inductor, which keeps block sizes,
+# warps and stages only (no cap) and times them itself; the packed backward is an opaque op and tuned here.
 # The 256 list is unswept (smaller tiles to fit shared memory).
 _FWD = {  # (BLOCK_M, BLOCK_N)
     64: [(64, 64, 4, 3, 112), (128, 64, 8, 3), (64, 32, 4, 3, 80)],
@@ -84,7 +97,7 @@ _FWD = {  # (BLOCK_M, BLOCK_N)
     256: [(64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
 }
 _DKDV = {  # (BLOCK_M1, BLOCK_N1)
-    64: [(32, 64, 4, 3, 128), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168)],
+    64: [(32, 64, 4, 3, 128), (64, 64, 4, 3, 168), (32, 64, 4, 3)],
     128: [(32, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)],
     256: [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
 }
