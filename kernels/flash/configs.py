@@ -77,20 +77,21 @@ def head_dim_padded(head_dim: int) -> int:
 
 
 def _cfgs(names, rows):
-    return [triton.Config(dict(zip(names, r[:2])), num_warps=r[2], num_stages=r[3], maxnreg=r[4] if len(r) > 4 else None)
-            for r in rows]
+    """triton.Configs of (block_a, block_b, num_warps, num_stages[, maxnreg]) rows."""
+    return [triton.Config(dict(zip(names, r[:2])), num_warps=r[2], num_stages=r[3],
+                          maxnreg=r[4] if len(r) > 4 else None) for r in rows]
 
 
-# (block_a, block_b, num_warps, num_stages[, maxnreg]) per kernel and head-dim class. The 64 and 128 lists are the best
-# of wider sweeps on the H200 (bf16) at N = 197, 577, 1024 and 4096 (benchmarks/results/h200_20261202_c.md, back-to-back
-# GPU time). maxnreg caps the registers a thread, so that by the register file's arithmetic (65536 an SM) more programs
-# fit an SM: dK/dV (32, 64, 4, 3) took 153 registers (ncu), 0.281 ms at (256, 12, 197, 64), and 0.265 capped at 128;
-# (64, 64, 4, 3) took 186, 0.495 ms at (32, 12, 1024, 64), and 0.466 capped at 168. Caps that spill more lose: (32, 64,
-# 4, 3) capped at 104 took 0.446 ms at N = 197. Each list keeps a row without a cap for fp32_delta's flag variants, which
-# need more registers (their capped dQ rows spill 288-624 bytes, benchmarks/results/h200_20261202_c/
-# res_usage_triton38_sm90.txt). Under torch.compile the traced forward is tuned by Inductor, which keeps block sizes,
-# warps and stages only (no cap) and times them itself; the packed backward is an opaque op and tuned here.
-# The 256 list is unswept (smaller tiles to fit shared memory).
+# (block_a, block_b, num_warps, num_stages[, maxnreg]) per kernel and head-dim class. The 64 and 128 lists are the
+# best of wider sweeps on the H200 (bf16) at N = 197, 577, 1024 and 4096 (benchmarks/results/h200_20261202_c.md,
+# back-to-back GPU time). maxnreg caps the registers a thread, so that by the register file's arithmetic (65536 an SM)
+# more programs fit an SM: dK/dV (32, 64, 4, 3) took 153 registers (ncu), 0.281 ms at (256, 12, 197, 64), and 0.265
+# capped at 128; (64, 64, 4, 3) took 186, 0.495 ms at (32, 12, 1024, 64), and 0.466 capped at 168. Caps that spill
+# more lose: (32, 64, 4, 3) capped at 104 took 0.446 ms at N = 197. Each list keeps a row without a cap for
+# fp32_delta's flag variants, which need more registers (their capped dQ rows spill 288-624 bytes:
+# benchmarks/results/h200_20261202_c/res_usage_triton38_sm90.txt). Under torch.compile the traced forward is tuned by
+# Inductor, which (as read in torch 2.14) keeps block sizes, warps and stages only, no cap, and times them itself; the
+# packed backward is an opaque op and tuned here. The 256 list is unswept (smaller tiles to fit shared memory).
 _FWD = {  # (BLOCK_M, BLOCK_N)
     64: [(64, 64, 4, 3, 112), (128, 64, 8, 3), (64, 32, 4, 3, 80)],
     128: [(128, 32, 8, 3), (128, 64, 8, 3), (128, 32, 4, 3)],
