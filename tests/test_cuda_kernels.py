@@ -509,6 +509,20 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("path", ["sm80", "sm90"])
+def test_matches_float64_at_16384_keys(path, head_dim, monkeypatch):
+    """N = 16384, the longest sequence issue 12 names: one head in bf16, out and dq, dk, dv against float64 (the
+    reference holds a 2 GiB float64 score matrix), through the mma.sync kernels or the Hopper forward and backward."""
+    if path == "sm90" and not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", path)
+    monkeypatch.setattr(ops, "BWD_PATH", path)
+    q, k, v = make_qkv(1, 1, 16384, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("N, head_dim", [(1, 64), (129, 64), (577, 64), (1025, 128), (4096, 128)])
 def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     """The pipelined consumers do the sequential ones' arithmetic in the same order: out and lse bitwise equal."""
