@@ -174,22 +174,19 @@ _NAMES["bwd_fused_tma"] = _NAMES["dkdv"]
 def _single(which, cfg):
     import triton
 
-    from kernels.flash import hopper
+    from kernels.flash import configs, hopper
     from kernels.flash import kernels as K
 
     kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel,
               "fwd_tma": hopper.flash_fwd_tma_kernel, "dkdv_tma": hopper.flash_bwd_dkdv_tma_kernel,
               "dq_tma": hopper.flash_bwd_dq_tma_kernel, "bwd_fused_tma": hopper.flash_bwd_fused_tma_kernel}[which]
-    kwargs = dict(zip(_NAMES[which], cfg[:2]))
-    maxnreg = None
-    if which.endswith("_tma"):
+    tma = which.endswith("_tma")
+    config = configs._cfgs(_NAMES[which], [cfg[:4] if tma else cfg])[0]  # a pointer kernel's 5th number: its cap
+    if tma:
         hopper.ensure_allocator()
-        kwargs["WARP_SPECIALIZE"] = cfg[4]
-    elif len(cfg) > 4:  # a pointer kernel's row with a register cap (configs._cfgs)
-        maxnreg = cfg[4]
+        config.kwargs["WARP_SPECIALIZE"] = cfg[4]
     if which == "bwd_fused_tma":
-        kwargs["DQ_REDUCE"] = 2
-    config = triton.Config(kwargs, num_warps=cfg[2], num_stages=cfg[3], maxnreg=maxnreg)
+        config.kwargs["DQ_REDUCE"] = 2
     return triton.autotune([config], key=["N_BUCKET", "HEAD_DIM"])(kernel)
 
 
