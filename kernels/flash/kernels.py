@@ -29,8 +29,6 @@ and the last key step of every program (at N = 197 with 64-wide tiles: 256 padde
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -80,52 +78,6 @@ def _ds_dot(ds, b, acc, IEEE: tl.constexpr, SPLIT: tl.constexpr):
     if SPLIT and b.dtype != tl.float32:
         acc = _dot((ds - hi.to(tl.float32)).to(b.dtype), b, acc, IEEE)
     return acc
-
-
-# exp2 of the softmax's scores, one in four on the FMA pipe. At head_dim 64 a score costs as much MUFU time (one
-# ex2, 16 an SM a clock) as tensor-core time (two products of 64: 256 FLOP at 4096 an SM a clock), and ncu found both
-# pipes about half busy in the forward (benchmarks/results/h200_20261202_c.md): the exponentials and the products take
-# turns. FlashAttention-4 (Blackwell) moves part of the exponentials to a polynomial on the FMA pipe; here a thread's
-# scores go four at a time through inline PTX, three to ex2.approx and one to 2^x = 2^n · 2^f, n = round(x) by the
-# 1.5·2²³ shift, f in [-0.5, 0.5], 2^f by a degree-3 fit of relative error 7.5e-5 (a bf16 P rounds at 3.9e-3, fp16
-# at 4.9e-4). x is clamped at -126 so 2^n stays a normal exponent (2^-126 ≈ 1e-38 where ex2 gives 0). Only unmasked
-# tiles of the default flags use it (fp32_delta's huge-logit path keeps ex2). VIT_FLASH_EXP2=mufu turns it off; the
-# interpreter (CPU CI) has no PTX and runs tl.math.exp2.
-_EXP2_MODE = os.environ.get("VIT_FLASH_EXP2", "mixed")
-if _EXP2_MODE not in ("mixed", "mufu"):
-    raise ValueError(f"VIT_FLASH_EXP2={_EXP2_MODE!r}: use 'mixed' (3 of 4 exponentials on MUFU, 1 by polynomial) "
-                     "or 'mufu' (all on MUFU)")
-_MIXED_EXP2 = tl.constexpr(_EXP2_MODE == "mixed" and not triton.knobs.runtime.interpret)
-_EXP2_PTX = tl.constexpr("""{
-.reg .f32 x, t, n, f, p;
-.reg .b32 e, r;
-ex2.approx.ftz.f32 $0, $4;
-ex2.approx.ftz.f32 $1, $5;
-ex2.approx.ftz.f32 $2, $6;
-max.f32 x, $7, 0fC2FC0000;
-add.rn.f32 t, x, 0f4B400000;
-sub.rn.f32 n, t, 0f4B400000;
-sub.rn.f32 f, x, n;
-fma.rn.f32 p, f, 0f3D61FAFD, 0f3E786EA0;
-fma.rn.f32 p, p, f, 0f3F31798D;
-fma.rn.f32 p, p, f, 0f3F7FFB4B;
-mov.b32 e, t;
-shl.b32 e, e, 23;
-mov.b32 r, p;
-add.s32 r, r, e;
-mov.b32 $3, r;
-}""")
-
-
-@triton.jit
-def _exp2(x, MIXED: tl.constexpr):
-    """2^x of a float32 tile of scores less their row max or lse (x ≤ 0, finite); MIXED: one in four by the
-    polynomial above (where _MIXED_EXP2 allows), else all by ex2."""
-    if MIXED and _MIXED_EXP2:
-        return tl.inline_asm_elementwise(_EXP2_PTX, "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True,
-                                         pack=4)
-    else:
-        return tl.math.exp2(x)
 
 
 @triton.jit
@@ -178,7 +130,7 @@ def _fwd_step(acc, l_i, m_i, q, K_base, V_base, start_n, N, qk_scale,
         alpha = tl.math.exp2((m_i - m_new) * qk_scale)
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # base-2 running max
-        p = _exp2(qk * qk_scale - m_new[:, None], not MASK_N)  # one FMA per score
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])  # one FMA per score
         alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -318,7 +270,7 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
         lse = tl.load(Lse_base + rows) * _LOG2E
         delta = tl.load(Delta_base + rows)
     qkT = _dot(k, qT, tl.zeros([k.shape[0], qT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_N1, BLOCK_M1)
-    pT = _exp2(qkT * qk_scale - lse[None, :], not (MASK_M or SPLIT_DS))
+    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
     dv = _dot(pT.to(do.dtype), do, dv, IEEE)
     dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
     dsT = pT * (dpT - delta[None, :])
@@ -419,7 +371,7 @@ def _bwd_dq_step(dq, pk, s1, s0, q, do, lse, delta, K_base, V_base, start_n, N, 
     vT = _load(V_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd,
                cols[None, :] < N, offs_d[:, None] < HEAD_DIM, MASK_N, PAD_D)
     qk = _dot(q, kT, tl.zeros([q.shape[0], kT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_M2, BLOCK_N2)
-    p = _exp2(qk * qk_scale - lse[:, None], not (MASK_N or SPLIT_DS))
+    p = tl.math.exp2(qk * qk_scale - lse[:, None])
     if MASK_N:
         p = tl.where(cols[None, :] < N, p, 0.0)
     dp = _dot(do, vT, tl.zeros([do.shape[0], vT.shape[1]], dtype=tl.float32), IEEE)
