@@ -79,7 +79,7 @@ def test_the_measure_leaves_out_the_hosts_launch_cost():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA launches")
 def test_the_measure_times_one_launch_longer_than_a_round_and_runs_on_the_callers_stream():
     def long_launch():
-        torch.cuda._sleep(40_000_000)  # about 20 ms at 2 GHz
+        torch.cuda._sleep(int(3 * configs._ROUND_MS * 2e6))  # three rounds' length at 2 GHz
 
     with torch.cuda.stream(torch.cuda.Stream()):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -92,10 +92,13 @@ def test_the_measure_times_one_launch_longer_than_a_round_and_runs_on_the_caller
 
 
 class _FakeGPU:
-    """A GPU timeline for _bench's control flow on a CPU: launches and sleeps advance it, events read it."""
+    """Two clocks for _bench's control flow on a CPU, in ms: the host's, which each launch advances by host_ms, and
+    the GPU's, which runs a launch or sleep from when it is both queued and the GPU is free. Events read the GPU's
+    clock where they are queued; synchronize moves the host's clock up to it."""
 
-    def __init__(self, kernel_ms, cycles_per_ms=2e6):
-        self.now, self.kernel_ms, self.cycles_per_ms, self.sleeps = 0.0, kernel_ms, cycles_per_ms, []
+    def __init__(self, kernel_ms, host_ms, cycles_per_ms=2e6):
+        self.host, self.gpu, self.kernel_ms, self.host_ms = 0.0, 0.0, kernel_ms, host_ms
+        self.cycles_per_ms, self.sleeps, self.launches = cycles_per_ms, [], 0
         gpu = self
 
         class Event:
@@ -103,35 +106,52 @@ class _FakeGPU:
                 self.at = None
 
             def record(self):
-                self.at = gpu.now
+                self.at = max(gpu.gpu, gpu.host)
 
             def synchronize(self):
-                pass
+                gpu.host = max(gpu.host, self.at)
 
             def elapsed_time(self, other):
                 return other.at - self.at
 
         self.Event = Event
 
+    def _run(self, ms):
+        self.gpu = max(self.gpu, self.host) + ms
+
+    def perf_counter(self):
+        return self.host / 1e3
+
     def sleep(self, cycles):
         self.sleeps.append(cycles)
-        self.now += cycles / self.cycles_per_ms
+        self._run(cycles / self.cycles_per_ms)
 
     def launch(self):
-        self.now += self.kernel_ms
+        self.host += self.host_ms
+        self.launches += 1
+        self._run(self.kernel_ms)
 
 
-@pytest.mark.parametrize("kernel_ms", [0.004, 0.3, 12.0])
-def test_the_measure_reports_the_gpu_time_per_launch_and_sleeps_before_each_round(kernel_ms, monkeypatch):
-    gpu = _FakeGPU(kernel_ms)
+@pytest.mark.parametrize("kernel_ms, host_ms", [(0.004, 0.05), (0.004, 0.001), (0.3, 0.02), (0.3, 0.5), (30.0, 0.02)])
+def test_the_measure_reports_the_gpu_time_per_launch_whatever_the_host_costs(kernel_ms, host_ms, monkeypatch):
+    """Exactly the kernel's time, also where the host takes 12× longer to queue a launch than the GPU to run it: the
+    sleep in front keeps the GPU from catching up with the host, and the timed rounds have no gap between them."""
+    gpu = _FakeGPU(kernel_ms, host_ms)
     monkeypatch.setattr(configs.torch.cuda, "Event", gpu.Event)
     monkeypatch.setattr(configs.torch.cuda, "_sleep", gpu.sleep)
-    result = configs._bench(gpu.launch, (0.5, 0.2, 0.8))
-    assert result == pytest.approx([kernel_ms] * 3)
-    rounds = gpu.sleeps[1:]  # after the calibration sleep
-    assert len(rounds) == configs._ROUNDS + 1
-    assert rounds[0] == pytest.approx(2 * configs._ROUND_MS * gpu.cycles_per_ms)  # before the host was timed
-    assert all(cycles >= 2 * 0.5 * gpu.cycles_per_ms - 1 for cycles in rounds[1:])
+    monkeypatch.setattr(configs.time, "perf_counter", gpu.perf_counter)
+    assert configs._bench(gpu.launch, (0.5, 0.2, 0.8)) == pytest.approx([kernel_ms] * 3)
+    calls = max(1, min(configs._CALLS, round(configs._ROUND_MS / kernel_ms)))
+    assert gpu.launches == 4 + (configs._ROUNDS + 1) * calls  # compile, two host timings, one GPU timing, the rounds
+
+
+def test_the_measure_would_see_the_host_without_its_sleep(monkeypatch):
+    """The fake timeline can fail the test above: without the sleep a slow host's launches read as its own time."""
+    gpu = _FakeGPU(0.004, 0.05)
+    monkeypatch.setattr(configs.torch.cuda, "Event", gpu.Event)
+    monkeypatch.setattr(configs.torch.cuda, "_sleep", lambda cycles: gpu.sleep(cycles if cycles == 1_000_000 else 0))
+    monkeypatch.setattr(configs.time, "perf_counter", gpu.perf_counter)
+    assert configs._bench(gpu.launch, (0.5,))[0] == pytest.approx(0.05)
 
 
 @pytest.mark.gpu
