@@ -1,6 +1,7 @@
 """Why rankings differ between measures: the forward's capped 4-warp row against the 8-warp row, timed in short
 bursts and sustained, on one input set and on sets rotated call by call.
 Run from the repository root: python3 benchmarks/results/h200_20261202_d/regime_probe.py"""
+import itertools
 import os
 import sys
 
@@ -23,7 +24,7 @@ def timed(fns, calls, skip):
         fns[i % len(fns)]()
     events[-1].record()
     events[-1].synchronize()
-    t = sorted(a.elapsed_time(b) for a, b in zip(events, events[1:]))
+    t = sorted(a.elapsed_time(b) for a, b in itertools.pairwise(events))
     return t[len(t) // 2]
 
 
