@@ -79,7 +79,7 @@ def test_the_measure_leaves_out_the_hosts_launch_cost():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="times CUDA launches")
 def test_the_measure_times_one_launch_longer_than_a_round_and_runs_on_the_callers_stream():
     def long_launch():
-        torch.cuda._sleep(int(3 * configs._ROUND_MS * 2e6))  # three rounds' length at 2 GHz
+        torch.cuda._sleep(40_000_000)  # about 20 ms at 2 GHz
 
     with torch.cuda.stream(torch.cuda.Stream()):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -135,23 +135,22 @@ class _FakeGPU:
 @pytest.mark.parametrize("kernel_ms, host_ms", [(0.004, 0.05), (0.004, 0.001), (0.3, 0.02), (0.3, 0.5), (30.0, 0.02)])
 def test_the_measure_reports_the_gpu_time_per_launch_whatever_the_host_costs(kernel_ms, host_ms, monkeypatch):
     """Exactly the kernel's time, also where the host takes 12× longer to queue a launch than the GPU to run it: the
-    sleep in front keeps the GPU from catching up with the host, and the timed rounds have no gap between them."""
+    sleep in front of each round keeps the GPU from catching up with the host."""
     gpu = _FakeGPU(kernel_ms, host_ms)
     monkeypatch.setattr(configs.torch.cuda, "Event", gpu.Event)
     monkeypatch.setattr(configs.torch.cuda, "_sleep", gpu.sleep)
     monkeypatch.setattr(configs.time, "perf_counter", gpu.perf_counter)
     assert configs._bench(gpu.launch, (0.5, 0.2, 0.8)) == pytest.approx([kernel_ms] * 3)
-    calls = max(1, min(configs._CALLS, round(configs._ROUND_MS / kernel_ms)))
-    assert gpu.launches == 4 + (configs._ROUNDS + 1) * calls  # compile, two host timings, one GPU timing, the rounds
+    assert gpu.launches <= 2 + (configs._ROUNDS + 1) * configs._CALLS
 
 
-def test_the_measure_would_see_the_host_without_its_sleep(monkeypatch):
-    """The fake timeline can fail the test above: without the sleep a slow host's launches read as its own time."""
+def test_the_measure_would_see_the_host_without_its_sleeps(monkeypatch):
+    """The fake timeline can fail the test above: without the sleeps a slow host's launches read as its own time."""
     gpu = _FakeGPU(0.004, 0.05)
     monkeypatch.setattr(configs.torch.cuda, "Event", gpu.Event)
     monkeypatch.setattr(configs.torch.cuda, "_sleep", lambda cycles: gpu.sleep(cycles if cycles == 1_000_000 else 0))
     monkeypatch.setattr(configs.time, "perf_counter", gpu.perf_counter)
-    assert configs._bench(gpu.launch, (0.5,))[0] == pytest.approx(0.05)
+    assert configs._bench(gpu.launch, (0.5,))[0] == pytest.approx(0.05, rel=0.01)  # not the kernel's 0.004
 
 
 @pytest.mark.gpu

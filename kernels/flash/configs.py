@@ -13,7 +13,6 @@ small tiles keep the interpreter fast while still covering full tiles and a mask
 """
 from __future__ import annotations
 
-import itertools
 import time
 
 import torch
@@ -23,58 +22,44 @@ from . import kernels
 
 INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunction)
 
-# Tuning measure: each config's launches back to back for _ROUNDS rounds of about _ROUND_MS, after an untimed round
-# with no gap, as the kernels run inside a training step, where the GPU runs at the clocks its power limit leaves it.
-# triton.testing.do_bench (Triton's default) times single launches after flushing L2; on the H200 that ranking picked
-# configs 8-9 % slower in steady runs, the forward and the dQ kernel at (32, 12, 1024, 64)
-# (benchmarks/results/h200_20261202_c.md, one round). Rounds of 5 ms, each behind a GPU sleep, still read the
-# register-capped 4-warp rows 6-13 % faster than 40-launch steady runs at N ≥ 1024 where the other rows read within
-# 1-4 % (benchmarks/results/h200_20261202_d.md): the tuner chose them at N = 4096 and 16384 where they were slower.
-# One sleep goes first, long enough for the host to queue every launch before the GPU reaches it, so the events time
-# the kernels, not the host's launch cost. A CUDA graph would do that too, but its capture fails CUDA random draws in
-# other threads (a loader's).
-_ROUNDS, _ROUND_MS, _CALLS = 5, 20.0, 100
+# Tuning measure: each config's launches back to back, _ROUNDS rounds of about _ROUND_MS, as the kernels run inside a
+# training step. triton.testing.do_bench (its default) times single launches after flushing L2; on the H200 that
+# ranking picked configs 8-9 % slower in back-to-back runs, the forward and the dQ kernel at (32, 12, 1024, 64)
+# (benchmarks/results/h200_20261202_c.md, one round). Each round starts behind a GPU sleep twice as long as the host
+# took to queue the round before, so the host queues its launches (at most _CALLS) while the GPU waits and the events
+# time the kernels, not the host's launch cost. A CUDA graph would do the same, but its capture fails CUDA random draws
+# in other threads (a loader's).
+_ROUNDS, _ROUND_MS, _CALLS = 5, 5.0, 50
 
 
 def _bench(kernel_call, quantiles):
     """The autotuner's measure (its ``do_bench`` contract): ``kernel_call``'s GPU time per launch in ms, at each of
-    ``quantiles`` over _ROUNDS back-to-back rounds that follow an untimed round without a gap."""
-    def gpu_ms(work) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ``quantiles`` over _ROUNDS rounds of back-to-back launches (after one warm-up round)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def elapsed_ms(work) -> float:
         start.record()
         work()
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
 
-    def launches():
+    kernel_call()  # compiles
+    cycles_per_ms = 1e6 / elapsed_ms(lambda: torch.cuda._sleep(1_000_000))
+    calls = max(1, min(_CALLS, round(_ROUND_MS / max(elapsed_ms(kernel_call), 1e-3))))
+    times, host_ms = [], _ROUND_MS
+    for _ in range(_ROUNDS + 1):
+        torch.cuda._sleep(int(2 * host_ms * cycles_per_ms))
+        start.record()
+        queued = time.perf_counter()
         for _ in range(calls):
             kernel_call()
-
-    kernel_call()  # compiles
-    cycles_per_ms = 1e6 / gpu_ms(lambda: torch.cuda._sleep(1_000_000))
-    host_ms = min(_host_ms(kernel_call), _host_ms(kernel_call))  # the host's time to queue one launch
-    torch.cuda._sleep(int(2 * host_ms * cycles_per_ms))
-    launch_ms = max(gpu_ms(kernel_call), 1e-3)  # behind the sleep: the GPU's time alone
-    calls = max(1, min(_CALLS, round(_ROUND_MS / launch_ms)))
-    total = (_ROUNDS + 1) * calls
-    # The GPU ends launch i at sleep + i·launch_ms; the host has queued it at i·host_ms: sleep twice the largest lag.
-    torch.cuda._sleep(int(2 * max(host_ms, total * (host_ms - launch_ms) + launch_ms) * cycles_per_ms))
-    launches()  # untimed, so that the timed rounds start on a GPU already busy
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(_ROUNDS + 1)]
-    events[0].record()
-    for event in events[1:]:
-        launches()
-        event.record()
-    events[-1].synchronize()
-    times = sorted(a.elapsed_time(b) / calls for a, b in itertools.pairwise(events))
+        host_ms = max(0.5, (time.perf_counter() - queued) * 1e3)  # the host's time to queue the round
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    times = sorted(times[1:])
     return [times[min(len(times) - 1, int(q * len(times)))] for q in quantiles]
-
-
-def _host_ms(call) -> float:
-    queued = time.perf_counter()
-    call()
-    return (time.perf_counter() - queued) * 1e3
 
 
 def _next_power_of_2(n: int) -> int:
