@@ -4,6 +4,7 @@
     python3 benchmarks/flash_bench.py --warm     # first compile every autotune config in parallel processes
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
     python3 benchmarks/flash_bench.py --fp32-delta   # the table with flash's fp32_delta option as a fourth row
+    python3 benchmarks/flash_bench.py --gluon    # the Gluon forward's tiles (Hopper) beside ours and cuDNN's, forward
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
 timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
@@ -136,6 +137,33 @@ def table(shapes, fp32_delta=False):
     print("\n".join(lines))
     print("\nours / peer TFLOP/s:\n" + "\n".join(ratios))
     print("\n" + host_overhead_us(fns))
+
+
+GLUON_TILES = [(128, 64, 3, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 64, 4, 8)]  # block_m, block_n, stages, warps
+
+
+def gluon_table(shapes):
+    """Forward ms of kernels/flash/gluon_fwd.py's tiles beside ours (Triton) and cuDNN's on the same rotated inputs,
+    with each Gluon result's largest difference from ours (Hopper only)."""
+    from kernels.flash import attention, gluon_fwd
+
+    for shape in shapes:
+        B, H, N, d = shape
+        n_sets = max(2, math.ceil(3 * L2_BYTES / (4 * B * H * N * d * 2)))
+        sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(n_sets)]
+        fns = {"flash (ours)": attention, "sdpa cudnn": _sdpa("CUDNN_ATTENTION")}
+        for t in GLUON_TILES:
+            fns[f"gluon {t}"] = lambda q, k, v, t=t: gluon_fwd.fwd(q, k, v, q.shape[-1] ** -0.5, *t)[0]
+        ours = attention(*sets[0])
+        cells = []
+        for name, fn in fns.items():
+            try:
+                diff = (fn(*sets[0]).float() - ours.float()).abs().max().item()
+                ms = _median_ms(lambda i, fn=fn, sets=sets: fn(*sets[i]), n_sets)
+                cells.append(f"{name} {ms:.3f} ms ({4 * B * H * N * N * d / ms / 1e9:.0f} TF/s, diff {diff:.1e})")
+            except Exception as e:  # noqa: BLE001  reported in the line: a tile that does not fit is one cell
+                cells.append(f"{name}: {type(e).__name__}: {str(e)[:100]}")
+        print(f"gluon forward {shape}: " + "; ".join(cells), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +334,7 @@ def main():
     parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
+    parser.add_argument("--gluon", action="store_true", help="time the Gluon forward's tiles (Hopper) instead")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("flash_bench.py needs a CUDA GPU")
@@ -320,7 +349,9 @@ def main():
         compile_parallel(sorted(set(jobs), key=lambda j: -j[2][-1]))
     if args.sweep:
         sweep([k for k in args.kernels.split(",") if k])
-    if not args.no_table:
+    if args.gluon:
+        gluon_table(SHAPES)
+    elif not args.no_table:
         table(SHAPES, args.fp32_delta)
 
 

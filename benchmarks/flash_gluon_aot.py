@@ -1,0 +1,76 @@
+"""Compile kernels.flash.gluon_fwd for sm_90 ahead of time, on any machine (no GPU needed): registers, shared memory,
+spills, and whether the softmax's exponentials sit between the wait for S and the wait for the P·V product.
+
+    python -m benchmarks.flash_gluon_aot        # with TRITON_INTERPRET unset
+
+``overlap`` is the order of wgmma waits (W0, W1) and exponential runs (EXP) in the PTX: ``W1 EXP W0`` in the loop means
+the exponentials of tile j run while P_{j-1}·V_{j-1} is still in flight.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (80, 128, 64, 3, 8), (64, 64, 64, 3, 4)]  # d, tiles, stages, warps
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def compile_forward(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
+    """The Gluon forward for sm_90 (bf16, strides divisible by 16 as the JIT specialises them): a ``CompiledKernel``."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.flash import gluon_fwd
+
+    fn = gluon_fwd.flash_fwd_gluon_kernel
+    const = {"HEAD_DIM": head_dim, "D": max(16, triton.next_power_of_2(head_dim)), "BLOCK_M": block_m,
+             "BLOCK_N": block_n, "STAGES": stages, "num_warps": num_warps}
+    dtypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32", "qk_scale": "fp32"}
+    sig = {n: "constexpr" if n in const else dtypes.get(n, "i32") for n in fn.arg_names}
+    aligned = [n for n in fn.arg_names if sig[n].startswith("*") or n.startswith("stride_")]
+    src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
+                         attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def overlap(ptx: str) -> str:
+    """The PTX's wgmma waits and runs of ex2, in order: e.g. ``W0 EXP W1 EXP W0 W0``."""
+    events = []
+    for line in ptx.splitlines():
+        line = line.strip()
+        if line.startswith("wgmma.wait_group"):
+            events.append("W" + line.split()[-1].rstrip(";"))
+        elif line.startswith("ex2") and (not events or events[-1] != "EXP"):
+            events.append("EXP")
+    return " ".join(events)
+
+
+def describe(kernel) -> str:
+    """Registers, spill stores, shared bytes, whether the SASS has HGMMA, and :func:`overlap`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    return (f"{regs.group(1) if regs else '?'} registers, {sass.count('STL')} spill stores, "
+            f"{kernel.metadata.shared} B shared, HGMMA {'HGMMA' in sass}; overlap: {overlap(kernel.asm['ptx'])}")
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    for head_dim, block_m, block_n, stages, warps in CASES:
+        kernel = compile_forward(head_dim, block_m, block_n, stages, warps)
+        print(f"d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}", flush=True)
+    print(f"triton {triton.__version__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The flash forward for Hopper in Gluon, with the softmax overlapped with the P·V product (experimental, not wired).
+
+Shah et al., 2024, "FlashAttention-3", Section 3.2 (intra-warpgroup overlap of GEMMs and softmax), on top of
+FlashAttention-2's Algorithm 1 (Dao, 2023). The Triton kernels (:mod:`kernels.flash.kernels`) cannot express that
+overlap: Triton waits for every outstanding wgmma before the softmax's exponentials
+(benchmarks/results/flash_notes.md). Gluon, Triton's lower-level language, issues ``wgmma`` asynchronously and waits
+for a chosen number of them (``warpgroup_mma_wait(num_outstanding=1)``), so in iteration j
+
+    S_j = Q K_jᵀ        issued
+    O  += P_{j-1} V_{j-1} issued
+    wait for S_j (O's product may still run)
+    softmax of S_j: row max, P_j = exp2(S_j·scale − m), α, row sum   (on the exponential and FMA pipes)
+    wait for O, then O ·= α_j
+
+K and V tiles arrive by ``cp.async`` into a ring of STAGES shared-memory slots, loaded STAGES − 2 tiles ahead (tile
+j − 1's V and tile j's K are in use);
+a tile's slot is refilled once every warp has waited for the products that read it (a CTA barrier each step).
+Masked loads zero rows past N and columns past head_dim; scores of keys past N are set to −inf.
+
+Contract as :func:`kernels.flash.op._fwd`: q, k, v ``(B, H, N, d)`` float16/bfloat16 with a last stride of 1 (any
+other strides), ``softmax_scale``; returns ``out`` (B, H, N, d) laid out as (B, N, H, d) and the natural-log ``lse``
+(B, H, N) float32. Needs a Hopper GPU (sm_90). Not yet run on a GPU: its GPU test is tests/test_flash_gluon.py.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from .kernels import LOG2E
+
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6 names it thread_barrier, 3.8 barrier
+
+
+@gluon.constexpr_function
+def _load_layout(D, num_warps):
+    """Rows of D 16-bit elements, 8 (16 bytes, one cp.async) a thread."""
+    across = min(D // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // across, across], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _mma_layout(N, num_warps):
+    """wgmma accumulator of (rows, N): warps stacked along the rows, 16 rows a warp, instruction (16, N, 16)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, N, 16])
+
+
+@gluon.jit
+def _issue_tile(smem, base, row0, N, stride_n, HEAD_DIM, ROWS: gl.constexpr, D: gl.constexpr,
+                layout: gl.constexpr):
+    """cp.async of rows row0 … row0 + ROWS − 1 of one head's (N, d) tensor into ``smem``, zero past N and head_dim."""
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    ptrs = base + rows[:, None].to(gl.int64) * stride_n + cols[None, :]
+    cp.async_copy_global_to_shared(smem, ptrs, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
+
+
+@gluon.jit
+def _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N: gl.constexpr,
+              D: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+    """K and V of key tile t (if it exists) into slot t mod STAGES, as one copy group."""
+    if t < n_tiles:
+        _issue_tile(k_smem.index(t % STAGES), k_base, t * BLOCK_N, N, stride_kn, HEAD_DIM, BLOCK_N, D, layout)
+        _issue_tile(v_smem.index(t % STAGES), v_base, t * BLOCK_N, N, stride_vn, HEAD_DIM, BLOCK_N, D, layout)
+    cp.commit_group()
+
+
+@gluon.jit
+def _wait_tile(STAGES: gl.constexpr):
+    """Wait for the oldest copy group but STAGES − 3, make it visible to wgmma (async proxy) and to every warp."""
+    cp.wait_group(STAGES - 3)
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, start_n, N, qk_scale, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Online softmax of one score tile (base 2): returns P, α = exp2(m_old − m_new), the new m and l."""
+    cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s = gl.where(cols[None, :] < N, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def flash_fwd_gluon_kernel(
+    Q, K, V, Out, Lse, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
+    H, N,
+    HEAD_DIM: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_M)·B·H,), tiles fastest. D: head_dim padded to a power of two (≥ 16); the last strides are
+    1. qk_scale = softmax_scale · log2(e)."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    ld_layout: gl.constexpr = _load_layout(D, num_warps)
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)
+    o_layout: gl.constexpr = _mma_layout(D, num_warps)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
+    kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+
+    n_row_tiles = gl.cdiv(N, BLOCK_M)
+    pid = gl.program_id(0)
+    off_bh = pid // n_row_tiles
+    row0 = (pid % n_row_tiles) * BLOCK_M
+    off_b = (off_bh // H).to(gl.int64)
+    off_h = (off_bh % H).to(gl.int64)
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_smem_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_smem_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_smem_layout)
+    n_tiles = gl.cdiv(N, BLOCK_N)
+
+    # Prologue: Q with tile 0 in the first copy group, then tiles 1 … STAGES − 3, one group each.
+    _issue_tile(q_smem, q_base, row0, N, stride_qn, HEAD_DIM, BLOCK_M, D, ld_layout)
+    for t in gl.static_range(STAGES - 2):
+        _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
+                  ld_layout)
+
+    # Tile 0: its scores and softmax, no product with V yet.
+    _wait_tile(STAGES)
+    _issue_kv(k_smem, v_smem, k_base, v_base, STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D,
+              STAGES, ld_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, N, qk_scale, BLOCK_N, s_layout)
+    p = gl.convert_layout(p.to(dtype), p_layout)
+    acc = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=o_layout)
+
+    for j in range(1, n_tiles):
+        # After the barrier every warp has waited for P_{j-2} V_{j-2}: tile j − 2's slot takes tile j + STAGES − 2.
+        _wait_tile(STAGES)
+        _issue_kv(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N,
+                  D, STAGES, ld_layout)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc_tok = warpgroup_mma(p, v_smem.index((j - 1) % STAGES), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        p_new, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, N, qk_scale, BLOCK_N, s_layout)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))  # p: the product reads its registers
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p = gl.convert_layout(p_new.to(dtype), p_layout)
+
+    acc = warpgroup_mma(p, v_smem.index((n_tiles - 1) % STAGES), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    cp.wait_group(0)
+
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = (acc / l_o[:, None]).to(dtype)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None].to(gl.int64) * stride_on + cols[None, :]
+    gl.store(o_ptrs, out, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
+    lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
+    gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
+
+
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, block_m: int = 128,
+        block_n: int = 64, stages: int = 3, num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward attention by :func:`flash_fwd_gluon_kernel`: ``(out, lse)`` as :func:`kernels.flash.op._fwd`.
+
+    Args:
+        q, k, v: ``(B, H, N, d)`` CUDA float16/bfloat16 tensors of one dtype, last stride 1, d ≤ 256.
+        softmax_scale: the scale of the scores, a positive float.
+        block_m, block_n: query rows and keys a tile (block_m = 16·num_warps·k), stages: K/V shared-memory slots (≥ 3).
+
+    Raises:
+        ValueError: a shape, dtype, stride or tile argument the kernel does not take.
+    """
+    B, H, N, d = q.shape
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"gluon flash forward: q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if any(t.stride(-1) != 1 for t in (q, k, v)) or d > 256:
+        raise ValueError("gluon flash forward: q, k, v need a last stride of 1 and head_dim ≤ 256 "
+                         f"(strides {q.stride()}, {k.stride()}, {v.stride()}; head_dim {d})")
+    if block_m % (16 * num_warps) or stages < 3:
+        raise ValueError(f"gluon flash forward: block_m={block_m} must be a multiple of 16·num_warps "
+                         f"({16 * num_warps}) and stages={stages} at least 3")
+    D = max(16, triton.next_power_of_2(d))
+    out = torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, N, d)
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(N, block_m) * B * H,)
+    flash_fwd_gluon_kernel[grid](
+        q, k, v, out, lse, softmax_scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), out.stride(0), out.stride(1), out.stride(2), H, N,
+        HEAD_DIM=d, D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=num_warps)
+    return out, lse

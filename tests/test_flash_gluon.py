@@ -1,0 +1,90 @@
+"""kernels/flash/gluon_fwd.py: the Gluon forward for Hopper (experimental, not wired into the backend).
+
+CPU: it compiles for sm_90 ahead of time (``python -m benchmarks.flash_gluon_aot``, Triton's own cuobjdump), without
+spills, with wgmma, and with the softmax's exponentials between the wait for S and the wait for P·V. GPU (Hopper):
+out and lse against float64 at the sequence lengths and head dims of the other kernels' tests, within 2× the error of
+PyTorch's math at the same dtype; and out against the Triton forward.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ACCUM_ROUNDING, ERROR_FLOOR, make_qkv, max_err
+
+ROOT = Path(__file__).parents[1]
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_the_gluon_forward_compiles_for_sm90_with_the_softmax_between_the_two_waits():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.flash_gluon_aot"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("d=")]
+    assert len(lines) == 4, proc.stdout
+    for line in lines:
+        assert " 0 spill stores" in line and "HGMMA True" in line, line
+        assert "W1 EXP W0" in line.split("overlap:")[1], line  # tile j's exponentials while P·V is in flight
+
+
+def _check_forward(q, k, v):
+    from kernels.flash import gluon_fwd
+    from kernels.naive import attention as naive
+
+    scale = q.shape[-1] ** -0.5
+    ref = torch.softmax(q.double() @ k.double().transpose(-2, -1) * scale, dim=-1)
+    ref_out = ref @ v.double()
+    ref_lse = torch.logsumexp(q.double() @ k.double().transpose(-2, -1) * scale, dim=-1)
+    out, lse = gluon_fwd.fwd(q, k, v, scale)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    floor = ERROR_FLOOR[q.dtype] + ref_out.abs().max().item() * (
+        ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(q.dtype).eps)
+    err, base_err = max_err(out, ref_out), max_err(naive(q, k, v, softmax_scale=scale), ref_out)
+    assert err <= 2 * base_err + floor, (err, base_err, floor, tuple(q.shape), q.dtype)
+    assert max_err(lse, ref_lse) <= 1e-4 * max(1.0, ref_lse.abs().max().item()), max_err(lse, ref_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
+@pytest.mark.parametrize("seq_len", [1, 17, 197, 577, 1025, 4096])
+def test_gpu_gluon_forward_matches_float64(seq_len, head_dim, dtype):
+    if not _is_hopper():
+        pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
+    q, k, v = make_qkv(2, 3, seq_len, head_dim, dtype=dtype, device="cuda", requires_grad=False)
+    _check_forward(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m, block_n, stages, num_warps", [(128, 64, 3, 8), (64, 64, 4, 4), (128, 128, 3, 8)])
+def test_gpu_gluon_forward_tiles_and_packed_views(block_m, block_n, stages, num_warps):
+    """Other tiles and stage counts, on the ViT's strided (B, N, 3, H, d) views, against the Triton forward."""
+    if not _is_hopper():
+        pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
+    from kernels import split_qkv
+    from kernels.flash import gluon_fwd, op
+
+    qkv = torch.randn(3, 301, 3, 4, 64, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)
+    _check_forward(q, k, v)
+    out, lse = gluon_fwd.fwd(q, k, v, 0.125, block_m=block_m, block_n=block_n, stages=stages, num_warps=num_warps)
+    ref_out, ref_lse = op._fwd(q, k, v, 0.125)
+    assert max_err(out, ref_out) <= 2e-2 and max_err(lse, ref_lse) <= 1e-4
+
+
+def test_bad_tiles_are_a_clear_error():
+    from kernels.flash import gluon_fwd
+
+    q = torch.randn(1, 1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stages=2 at least 3"):
+        gluon_fwd.fwd(q, q, q, 0.125, stages=2)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gluon_fwd.fwd(q.float(), q.float(), q.float(), 0.125)
