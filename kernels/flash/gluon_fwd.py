@@ -179,8 +179,12 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
 
     Raises:
         ValueError: a shape, dtype, stride or tile argument the kernel does not take.
+        RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
     """
     B, H, N, d = q.shape
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        raise RuntimeError("gluon flash forward: q, k, v must be on a Hopper GPU (compute capability 9.0), got "
+                           f"{q.device}; use kernels.flash.attention elsewhere")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"gluon flash forward: q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
