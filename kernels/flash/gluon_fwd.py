@@ -17,8 +17,8 @@ j − 1's V and tile j's K are in use);
 a tile's slot is refilled once every warp has waited for the products that read it (a CTA barrier each step).
 Masked loads zero rows past N and columns past head_dim; scores of keys past N are set to −inf.
 
-Contract as :func:`kernels.flash.op._fwd`: q, k, v ``(B, H, N, d)`` float16/bfloat16 with a last stride of 1 (any
-other strides), ``softmax_scale``; returns ``out`` (B, H, N, d) laid out as (B, N, H, d) and the natural-log ``lse``
+Contract as :func:`kernels.flash.op._fwd`: q, k, v ``(B, H, N, d)`` float16/bfloat16, d ≤ 128, last stride 1 and the
+others multiples of 8 elements, ``softmax_scale``; returns ``out`` (B, H, N, d) laid out as (B, N, H, d) and the natural-log ``lse``
 (B, H, N) float32. Needs a Hopper GPU (sm_90). Not yet run on a GPU: its GPU test is tests/test_flash_gluon.py.
 """
 from __future__ import annotations
@@ -106,6 +106,10 @@ def flash_fwd_gluon_kernel(
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
 
+    # fwd checks these: rows start on 16-byte boundaries, so each thread's 8 elements are one 16-byte cp.async.
+    stride_qn = gl.multiple_of(stride_qn, 8)
+    stride_kn = gl.multiple_of(stride_kn, 8)
+    stride_vn = gl.multiple_of(stride_vn, 8)
     n_row_tiles = gl.cdiv(N, BLOCK_M)
     pid = gl.program_id(0)
     off_bh = pid // n_row_tiles
@@ -149,7 +153,13 @@ def flash_fwd_gluon_kernel(
         acc_tok = warpgroup_mma(p, v_smem.index((j - 1) % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
         p_new, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, N, qk_scale, BLOCK_N, s_layout)
-        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))  # p: the product reads its registers
+        # Wait for P·V, keeping p (the product reads its registers) alive until then. In one basic block ptxas hoists
+        # this wait above the exponentials (SASS: DEPBAR gsb0,0 before MUFU.EX2, Triton 3.6 and 3.8); a branch it
+        # cannot see through keeps it after them. qk_scale > 0 always (fwd checks softmax_scale).
+        if qk_scale > 0.0:
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))
+        else:
+            p, acc = warpgroup_mma_wait(num_outstanding=0, deps=(p, acc_tok))
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = gl.convert_layout(p_new.to(dtype), p_layout)
 
@@ -173,9 +183,11 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
     """Forward attention by :func:`flash_fwd_gluon_kernel`: ``(out, lse)`` as :func:`kernels.flash.op._fwd`.
 
     Args:
-        q, k, v: ``(B, H, N, d)`` CUDA float16/bfloat16 tensors of one dtype, last stride 1, d ≤ 256.
+        q, k, v: ``(B, H, N, d)`` float16/bfloat16 tensors of one dtype and shape on a Hopper GPU, d ≤ 128, last stride
+            1, the other strides multiples of 8 elements, 16-byte aligned.
         softmax_scale: the scale of the scores, a positive float.
-        block_m, block_n: query rows and keys a tile (block_m = 16·num_warps·k), stages: K/V shared-memory slots (≥ 3).
+        block_m, block_n: query rows and keys a tile (block_m a multiple of 16·num_warps, block_n of 16);
+        stages: K/V shared-memory slots (≥ 3); num_warps: a multiple of 4 (whole warpgroups).
 
     Raises:
         ValueError: a shape, dtype, stride or tile argument the kernel does not take.
@@ -188,12 +200,19 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"gluon flash forward: q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k, v)) or d > 256:
-        raise ValueError("gluon flash forward: q, k, v need a last stride of 1 and head_dim ≤ 256 "
-                         f"(strides {q.stride()}, {k.stride()}, {v.stride()}; head_dim {d})")
-    if block_m % (16 * num_warps) or stages < 3:
-        raise ValueError(f"gluon flash forward: block_m={block_m} must be a multiple of 16·num_warps "
-                         f"({16 * num_warps}) and stages={stages} at least 3")
+    if k.shape != q.shape or v.shape != q.shape or d > 128:
+        raise ValueError(f"gluon flash forward: q, k, v must have one (B, H, N, d) shape with d ≤ 128, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1 or any(st % 8 for st in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"gluon flash forward: {name} needs a last stride of 1, the other strides multiples of 8 "
+                             f"elements and a 16-byte aligned start (strides {t.stride()}); .contiguous() on a "
+                             "head_dim that is a multiple of 8 gives that")
+    if num_warps % 4 or block_m % (16 * num_warps) or block_n % 16 or not 16 <= block_n <= 256 or stages < 3:
+        raise ValueError(f"gluon flash forward: num_warps={num_warps} must be a multiple of 4, block_m={block_m} of "
+                         f"16·num_warps, block_n={block_n} of 16 within [16, 256], and stages={stages} at least 3")
+    if not softmax_scale > 0:
+        raise ValueError(f"gluon flash forward: softmax_scale must be positive, got {softmax_scale}")
     D = max(16, triton.next_power_of_2(d))
     out = torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
