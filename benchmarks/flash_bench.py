@@ -4,7 +4,7 @@
     python3 benchmarks/flash_bench.py --warm     # first compile every autotune config in parallel processes
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
     python3 benchmarks/flash_bench.py --fp32-delta   # the table with flash's fp32_delta option as a fourth row
-    python3 benchmarks/flash_bench.py --gluon    # the Gluon forward's tiles (Hopper) beside ours and cuDNN's, forward
+    python3 benchmarks/flash_bench.py --gluon    # the Gluon forward and dK/dV kernels (Hopper) beside ours and cuDNN's
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
 timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
@@ -140,30 +140,58 @@ def table(shapes, fp32_delta=False):
 
 
 GLUON_TILES = [(128, 64, 3, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 64, 4, 8)]  # block_m, block_n, stages, warps
+GLUON_DKDV_TILES = [(None, 128, 3, 8), (None, 64, 3, 4), (None, 128, 4, 8)]  # block_m (None: by d), block_n, ...
+
+
+def _gluon_cells(fns, sets, flops, reference):
+    """'name ms (TF/s, diff)' for each of ``fns`` (called on a set), timed over the rotated ``sets``."""
+    cells = []
+    for name, fn in fns.items():
+        try:
+            diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(fn(sets[0]), reference))
+            ms = _median_ms(lambda i, fn=fn: fn(sets[i]), len(sets))
+            cells.append(f"{name} {ms:.3f} ms ({flops / ms / 1e9:.0f} TF/s, diff {diff:.1e})")
+        except Exception as e:  # noqa: BLE001  reported in the line: a tile that does not fit is one cell
+            cells.append(f"{name}: {type(e).__name__}: {str(e)[:100]}")
+    return "; ".join(cells)
 
 
 def gluon_table(shapes):
-    """Forward ms of kernels/flash/gluon_fwd.py's tiles beside ours (Triton) and cuDNN's on the same rotated inputs,
-    with each Gluon result's largest difference from ours (Hopper only)."""
-    from kernels.flash import attention, gluon_fwd
-
+    """kernels/flash/gluon_fwd.py's forward and gluon_bwd.py's dK/dV kernel at several tiles, beside ours (Triton) and
+    cuDNN's forward, on the same rotated inputs, with each result's largest difference from ours (Hopper only)."""
     for shape in shapes:
-        B, H, N, d = shape
-        n_sets = max(2, math.ceil(3 * L2_BYTES / (4 * B * H * N * d * 2)))
-        sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)] for _ in range(n_sets)]
-        fns = {"flash (ours)": attention, "sdpa cudnn": _sdpa("CUDNN_ATTENTION")}
-        for t in GLUON_TILES:
-            fns[f"gluon {t}"] = lambda q, k, v, t=t: gluon_fwd.fwd(q, k, v, q.shape[-1] ** -0.5, *t)[0]
-        ours = attention(*sets[0])
-        cells = []
-        for name, fn in fns.items():
-            try:
-                diff = (fn(*sets[0]).float() - ours.float()).abs().max().item()
-                ms = _median_ms(lambda i, fn=fn, sets=sets: fn(*sets[i]), n_sets)
-                cells.append(f"{name} {ms:.3f} ms ({4 * B * H * N * N * d / ms / 1e9:.0f} TF/s, diff {diff:.1e})")
-            except Exception as e:  # noqa: BLE001  reported in the line: a tile that does not fit is one cell
-                cells.append(f"{name}: {type(e).__name__}: {str(e)[:100]}")
-        print(f"gluon forward {shape}: " + "; ".join(cells), flush=True)
+        _gluon_shape(shape)
+
+
+def _gluon_shape(shape):
+    from kernels.flash import attention, configs, gluon_bwd, gluon_fwd, op
+
+    B, H, N, d = shape
+    scale = d ** -0.5
+    sets = []
+    for _ in range(max(2, math.ceil(3 * L2_BYTES / (4 * B * H * N * d * 2)))):
+        q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        out, lse = op._fwd(q, k, v, scale)
+        delta = torch.empty_like(lse)
+        op.launch_preprocess(out, do, delta)
+        sets.append((q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v)))
+    cudnn = _sdpa("CUDNN_ATTENTION")
+    fwd = {"flash (ours)": lambda s: (attention(*s[:3]),), "sdpa cudnn": lambda s: (cudnn(*s[:3]),)}
+    for t in GLUON_TILES:
+        fwd[f"gluon {t}"] = lambda s, t=t: (gluon_fwd.fwd(*s[:3], scale, *t)[0],)
+    flops = 4 * B * H * N * N * d
+    print(f"gluon forward {shape}: " + _gluon_cells(fwd, sets, flops, fwd["flash (ours)"](sets[0])), flush=True)
+    tuner = configs.DKDV[configs.head_dim_class(d)]
+
+    def triton_dkdv(s):
+        op.launch_dkdv(tuner, *s[:4], s[6], s[7], s[4], s[5], scale)
+        return s[6], s[7]
+
+    bwd = {"triton dk/dv": triton_dkdv}
+    for t in GLUON_DKDV_TILES:
+        bwd[f"gluon dk/dv {t}"] = lambda s, t=t: gluon_bwd.dkdv(*s[:6], scale, None, None, *t)
+    reference = [x.clone() for x in triton_dkdv(sets[0])]
+    print(f"gluon dk/dv {shape}: " + _gluon_cells(bwd, sets, 2 * flops, reference), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,7 +362,7 @@ def main():
     parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
-    parser.add_argument("--gluon", action="store_true", help="time the Gluon forward's tiles (Hopper) instead")
+    parser.add_argument("--gluon", action="store_true", help="time the Gluon kernels' tiles (Hopper) instead")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("flash_bench.py needs a CUDA GPU")

@@ -20,24 +20,44 @@ from triton.backends.compiler import GPUTarget
 
 CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (80, 128, 64, 3, 8), (72, 128, 64, 3, 8),
          (64, 64, 64, 4, 4)]  # d, tiles, stages, warps
+BWD_CASES = [(64, 64, 128, 3, 8), (128, 32, 128, 3, 8), (64, 64, 64, 3, 4), (80, 32, 128, 3, 8)]  # d, query and key tiles, stages, warps
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def compile_forward(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
-    """The Gluon forward for sm_90 (bf16, strides divisible by 16 as the JIT specialises them): a ``CompiledKernel``."""
+def _compile(fn, const: dict, pointers: dict, num_warps: int):
+    """``fn`` compiled for sm_90 with ``const`` constexprs, ``pointers`` dtypes, other arguments i32 (fp32 for the
+    scales) and the pointers and strides divisible by 16, as the JIT specialises them: a ``CompiledKernel``."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.flash import gluon_fwd
-
-    fn = gluon_fwd.flash_fwd_gluon_kernel
-    const = {"HEAD_DIM": head_dim, "D": max(16, triton.next_power_of_2(head_dim)), "BLOCK_M": block_m,
-             "BLOCK_N": block_n, "STAGES": stages, "num_warps": num_warps}
-    dtypes = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32", "qk_scale": "fp32"}
-    sig = {n: "constexpr" if n in const else dtypes.get(n, "i32") for n in fn.arg_names}
+    floats = {"qk_scale", "softmax_scale"}
+    sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n in floats else "i32") for n in fn.arg_names}
     aligned = [n for n in fn.arg_names if sig[n].startswith("*") or n.startswith("stride_")]
     src = GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()},
                          attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def _const(head_dim, block_m, block_n, stages, num_warps) -> dict:
+    return {"HEAD_DIM": head_dim, "D": max(16, triton.next_power_of_2(head_dim)), "BLOCK_M": block_m,
+            "BLOCK_N": block_n, "STAGES": stages, "num_warps": num_warps}
+
+
+def compile_forward(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
+    """The Gluon forward for sm_90 (bf16)."""
+    from kernels.flash import gluon_fwd
+
+    pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32"}
+    return _compile(gluon_fwd.flash_fwd_gluon_kernel, _const(head_dim, block_m, block_n, stages, num_warps),
+                    pointers, num_warps)
+
+
+def compile_dkdv(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
+    """The Gluon dK, dV kernel for sm_90 (bf16)."""
+    from kernels.flash import gluon_bwd
+
+    pointers = {**dict.fromkeys(("Q", "K", "V", "DO", "DK", "DV"), "*bf16"), "Lse": "*fp32", "Delta": "*fp32"}
+    return _compile(gluon_bwd.flash_bwd_dkdv_gluon_kernel, _const(head_dim, block_m, block_n, stages, num_warps),
+                    pointers, num_warps)
 
 
 def sass_order(sass: str) -> str:
@@ -71,6 +91,10 @@ def main() -> None:
     for head_dim, block_m, block_n, stages, warps in CASES:
         kernel = compile_forward(head_dim, block_m, block_n, stages, warps)
         print(f"d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}", flush=True)
+    for head_dim, block_m, block_n, stages, warps in BWD_CASES:
+        kernel = compile_dkdv(head_dim, block_m, block_n, stages, warps)
+        print(f"dkdv d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
+              flush=True)
     print(f"triton {triton.__version__}")
 
 

@@ -1,10 +1,11 @@
-"""kernels/flash/gluon_fwd.py: the Gluon forward for Hopper (experimental, not wired into the backend).
+"""kernels/flash/gluon_fwd.py and gluon_bwd.py: the Gluon forward and dK/dV kernel for Hopper (experimental, not wired).
 
 CPU: it compiles for sm_90 ahead of time (``python -m benchmarks.flash_gluon_aot``, Triton's own cuobjdump), without
 spills, with wgmma, and with the softmax's exponentials between the wait for S and the wait for P·V in the machine
 code (SASS: ptxas moves that wait above the exponentials unless a branch stands between them). GPU (Hopper):
 out and lse against float64 at the sequence lengths and head dims of the other kernels' tests, within 2× the error of
-PyTorch's math at the same dtype; and out against the Triton forward.
+PyTorch's math at the same dtype; and out against the Triton forward. The dK/dV kernel likewise: dk and dv against
+float64 and against the Triton backward.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def test_the_gluon_forward_compiles_for_sm90_with_the_softmax_between_the_two_waits():
+def test_the_gluon_kernels_compile_for_sm90_with_the_elementwise_work_between_the_waits():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.flash_gluon_aot"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
@@ -34,6 +35,11 @@ def test_the_gluon_forward_compiles_for_sm90_with_the_softmax_between_the_two_wa
     for line in lines:
         assert " 0 spill stores" in line and "HGMMA True" in line, line
         assert "W1 EXP W0" in line.split("sass order:")[1], line  # tile j's exponentials while P·V is in flight
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("dkdv d=")]
+    assert len(lines) == 4, proc.stdout
+    for line in lines:
+        assert " 0 spill stores" in line and "HGMMA True" in line, line
+        assert line.split("sass order:")[1].strip().startswith("W1 EXP W1"), line  # the wait for dPᵀ after the exps
 
 
 def _check_forward(q, k, v):
@@ -108,3 +114,38 @@ def test_gpu_bad_tiles_are_a_clear_error():
     odd = torch.randn(1, 1, 8, 68, dtype=torch.bfloat16, device="cuda")[..., :64]  # row stride 68
     with pytest.raises(ValueError, match="multiples of 8"):
         gluon_fwd.fwd(odd, odd, odd, 0.125)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 72, 80, 128])
+@pytest.mark.parametrize("seq_len", [1, 17, 197, 577, 1025, 4096])
+def test_gpu_gluon_dkdv_matches_float64(seq_len, head_dim, dtype):
+    """dk and dv against float64 within 2× the naive backend's error at the same dtype; and against the Triton
+    backward's (the same lse and delta)."""
+    if not _is_hopper():
+        pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
+    from conftest import forward_backward, reference_attention
+
+    from kernels.flash import gluon_bwd, op
+    from kernels.naive import attention as naive
+
+    q, k, v = make_qkv(2, 3, seq_len, head_dim, dtype=dtype, device="cuda")
+    scale = head_dim ** -0.5
+    ref_out, (_, rk, rv) = reference_attention(q, k, v, scale)
+    q, k, v = (t.detach() for t in (q, k, v))
+    do = torch.randn_like(ref_out)
+    ref_out.backward(do)
+    do = do.to(dtype)
+    out, lse = op._fwd(q, k, v, scale)
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, scale)
+    _, _, base_dk, base_dv = forward_backward(naive, q, k, v, do, scale)
+    _, tri_dk, tri_dv = op._bwd(do, q, k, v, out, lse, scale)
+    for name, got, ref, base, tri in (("dk", dk, rk.grad, base_dk, tri_dk), ("dv", dv, rv.grad, base_dv, tri_dv)):
+        floor = ERROR_FLOOR[dtype] + ref.abs().max().item() * (
+            ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(dtype).eps)
+        err, base_err = max_err(got, ref), max_err(base, ref)
+        assert torch.isfinite(got).all() and err <= 2 * base_err + floor, (name, err, base_err, floor)
+        assert max_err(got, tri) <= 2 * max_err(tri, ref) + floor, (name, max_err(got, tri))

@@ -178,6 +178,36 @@ def flash_fwd_gluon_kernel(
     gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
 
 
+def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages) -> None:
+    """The Gluon kernels' argument checks: ``named`` (name, tensor) pairs of one (B, H, N, d) shape and 16-bit dtype
+    on a Hopper GPU, d ≤ 128, 16-byte rows; block_rows (the products' M) a multiple of 16·num_warps, block_cols of 16.
+
+    Raises:
+        RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
+        ValueError: anything else the kernels do not take, named in the message.
+    """
+    (_, first), shape = named[0], named[0][1].shape
+    if not first.is_cuda or torch.cuda.get_device_capability(first.device) != (9, 0):
+        raise RuntimeError(f"gluon flash kernels: the tensors must be on a Hopper GPU (compute capability 9.0), got "
+                           f"{first.device}; use kernels.flash.attention elsewhere")
+    for name, t in named:
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.dtype != first.dtype:
+            raise ValueError(f"gluon flash kernels: {name} must be float16 or bfloat16 like the first, got {t.dtype}")
+        if t.shape != shape or shape[-1] > 128:
+            raise ValueError(f"gluon flash kernels: the inputs must have one (B, H, N, d) shape with d ≤ 128, got "
+                             f"{name} {tuple(t.shape)} against {tuple(shape)}")
+        if t.stride(-1) != 1 or any(st % 8 for st in t.stride()[:-1]) or t.data_ptr() % 16:
+            raise ValueError(f"gluon flash kernels: {name} needs a last stride of 1, the other strides multiples of 8 "
+                             f"elements and a 16-byte aligned start (strides {t.stride()}); .contiguous() on a "
+                             "head_dim that is a multiple of 8 gives that")
+    if num_warps % 4 or block_rows % (16 * num_warps) or block_cols % 16 or not 16 <= block_cols <= 256 or stages < 3:
+        raise ValueError(f"gluon flash kernels: num_warps={num_warps} must be a multiple of 4, the row tile "
+                         f"{block_rows} of 16·num_warps, the column tile {block_cols} of 16 within [16, 256], and "
+                         f"stages={stages} at least 3")
+    if not softmax_scale > 0:
+        raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
+
+
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, block_m: int = 128,
         block_n: int = 64, stages: int = 3, num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention by :func:`flash_fwd_gluon_kernel`: ``(out, lse)`` as :func:`kernels.flash.op._fwd`.
@@ -193,26 +223,8 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
         ValueError: a shape, dtype, stride or tile argument the kernel does not take.
         RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
     """
+    check_inputs((("q", q), ("k", k), ("v", v)), softmax_scale, num_warps, block_m, block_n, stages)
     B, H, N, d = q.shape
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
-        raise RuntimeError("gluon flash forward: q, k, v must be on a Hopper GPU (compute capability 9.0), got "
-                           f"{q.device}; use kernels.flash.attention elsewhere")
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"gluon flash forward: q, k, v must share float16 or bfloat16, got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
-    if k.shape != q.shape or v.shape != q.shape or d > 128:
-        raise ValueError(f"gluon flash forward: q, k, v must have one (B, H, N, d) shape with d ≤ 128, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1 or any(st % 8 for st in t.stride()[:-1]) or t.data_ptr() % 16:
-            raise ValueError(f"gluon flash forward: {name} needs a last stride of 1, the other strides multiples of 8 "
-                             f"elements and a 16-byte aligned start (strides {t.stride()}); .contiguous() on a "
-                             "head_dim that is a multiple of 8 gives that")
-    if num_warps % 4 or block_m % (16 * num_warps) or block_n % 16 or not 16 <= block_n <= 256 or stages < 3:
-        raise ValueError(f"gluon flash forward: num_warps={num_warps} must be a multiple of 4, block_m={block_m} of "
-                         f"16·num_warps, block_n={block_n} of 16 within [16, 256], and stages={stages} at least 3")
-    if not softmax_scale > 0:
-        raise ValueError(f"gluon flash forward: softmax_scale must be positive, got {softmax_scale}")
     D = max(16, triton.next_power_of_2(d))
     out = torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)

@@ -1,0 +1,173 @@
+"""The flash backward's dK, dV kernel for Hopper in Gluon, with the elementwise work under the products (experimental,
+not wired, not GPU-run).
+
+Dao, 2023, "FlashAttention-2", Algorithm 2 (the dK, dV half: a program owns a key tile and loops over the query
+tiles), with FlashAttention-3's overlap (Shah et al., 2024, Section 3.2) applied to the backward: per query tile i
+
+    Sᵀ = K Qᵢᵀ and dPᵀ = V dOᵢᵀ    issued together
+    wait for Sᵀ; Pᵀ = exp2(Sᵀ·scale − lse)     while dPᵀ runs
+    dV += Pᵀ dOᵢ                 issued
+    wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − delta)      while dV's product runs
+    dK += dSᵀ Qᵢ                 issued; both waited before the tile's slot is reused
+
+Triton's compiler cannot express those waits (benchmarks/results/flash_notes.md). Q and dO tiles arrive by cp.async
+into a ring of STAGES slots, as in :mod:`kernels.flash.gluon_fwd`, whose conventions (16-byte rows, masks, the branch
+that keeps ptxas from hoisting a wait) this follows. ``delta`` = rowsum(dO ∘ O) comes ready-made
+(:func:`kernels.flash.op.launch_preprocess`); dQ stays with the Triton dQ kernel.
+
+Contract: q, k, v, do ``(B, H, N, d)`` float16/bfloat16, d ≤ 128, last stride 1 and the others multiples of 8
+elements; lse (natural log) and delta ``(B, H, N)`` float32 contiguous; writes dk, dv ``(B, H, N, d)`` (last stride 1).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
+
+from .gluon_fwd import _issue_tile, _load_layout, _mma_layout, _wait_tile, check_inputs
+from .kernels import LOG2E
+
+
+@gluon.jit
+def _issue_rows(q_smem, do_smem, q_base, do_base, t, n_tiles, N, stride_qn, stride_don, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+    """Q and dO of query tile t (if it exists) into slot t mod STAGES, as one copy group."""
+    if t < n_tiles:
+        _issue_tile(q_smem.index(t % STAGES), q_base, t * BLOCK_M, N, stride_qn, HEAD_DIM, BLOCK_M, D, layout)
+        _issue_tile(do_smem.index(t % STAGES), do_base, t * BLOCK_M, N, stride_don, HEAD_DIM, BLOCK_M, D, layout)
+    cp.commit_group()
+
+
+@gluon.jit
+def _row_stats(Lse_base, Delta_base, row0, N, BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
+    """lse·log2(e) and delta of query rows row0 …, as the columns of a (keys, queries) tile; padded rows get lse = +inf
+    (so P = 0 there) and delta = 0."""
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    lse = gl.load(Lse_base + rows, mask=rows < N, other=float("inf")) * 1.4426950408889634
+    return lse, gl.load(Delta_base + rows, mask=rows < N, other=0.0)
+
+
+@gluon.jit
+def flash_bwd_dkdv_gluon_kernel(
+    Q, K, V, DO, DK, DV, Lse, Delta, softmax_scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    H, N,
+    HEAD_DIM: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N)·B·H,), key tiles fastest. BLOCK_N keys a program, BLOCK_M queries a step; D: head_dim
+    padded to a power of two (≥ 16). qk_scale = softmax_scale · log2(e)."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    ld_layout: gl.constexpr = _load_layout(D, num_warps)
+    s_layout: gl.constexpr = _mma_layout(BLOCK_M, num_warps)  # (keys, queries): Sᵀ, dPᵀ
+    kv_layout: gl.constexpr = _mma_layout(D, num_warps)  # (keys, d): dK, dV
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # Pᵀ, dSᵀ
+    row_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
+    key_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    stride_qn = gl.multiple_of(stride_qn, 8)
+    stride_kn = gl.multiple_of(stride_kn, 8)
+    stride_vn = gl.multiple_of(stride_vn, 8)
+    stride_don = gl.multiple_of(stride_don, 8)
+
+    n_key_tiles = gl.cdiv(N, BLOCK_N)
+    pid = gl.program_id(0)
+    off_bh = pid // n_key_tiles
+    col0 = (pid % n_key_tiles) * BLOCK_N
+    off_b = (off_bh // H).to(gl.int64)
+    off_h = (off_bh % H).to(gl.int64)
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    do_base = DO + off_b * stride_dob + off_h * stride_doh
+    Lse_base = Lse + off_bh.to(gl.int64) * N
+    Delta_base = Delta + off_bh.to(gl.int64) * N
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], key_smem)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], key_smem)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], row_smem)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, D], row_smem)
+    n_tiles = gl.cdiv(N, BLOCK_M)
+
+    # K and V with query tile 0 in the first copy group, then tiles 1 … STAGES − 3.
+    _issue_tile(k_smem, K + off_b * stride_kb + off_h * stride_kh, col0, N, stride_kn, HEAD_DIM, BLOCK_N, D, ld_layout)
+    _issue_tile(v_smem, V + off_b * stride_vb + off_h * stride_vh, col0, N, stride_vn, HEAD_DIM, BLOCK_N, D, ld_layout)
+    for t in gl.static_range(STAGES - 2):
+        _issue_rows(q_smem, do_smem, q_base, do_base, t, n_tiles, N, stride_qn, stride_don, HEAD_DIM, BLOCK_M, D,
+                    STAGES, ld_layout)
+
+    zero = gl.zeros([BLOCK_N, BLOCK_M], dtype=gl.float32, layout=s_layout)
+    dk = gl.zeros([BLOCK_N, D], dtype=gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, D], dtype=gl.float32, layout=kv_layout)
+    for i in range(n_tiles):
+        # After the barrier every warp has waited for tile i − 1's products: tile i − 2's slot is free.
+        _wait_tile(STAGES)
+        _issue_rows(q_smem, do_smem, q_base, do_base, i + STAGES - 2, n_tiles, N, stride_qn, stride_don, HEAD_DIM,
+                    BLOCK_M, D, STAGES, ld_layout)
+        q_i = q_smem.index(i % STAGES)
+        do_i = do_smem.index(i % STAGES)
+        lse, delta = _row_stats(Lse_base, Delta_base, i * BLOCK_M, N, BLOCK_M, s_layout)
+        s_tok = warpgroup_mma(k_smem, q_i.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_i.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        p = gl.exp2(s * qk_scale - lse[None, :])  # (keys, queries)
+        p_op = gl.convert_layout(p.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(p_op, do_i, dv, is_async=True)
+        # The branch keeps ptxas from hoisting this wait above the exponentials (see gluon_fwd); qk_scale > 0.
+        if qk_scale > 0.0:
+            dp, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok, p_op))
+        else:
+            p_op, dp = warpgroup_mma_wait(num_outstanding=1, deps=(p_op, dp_tok))
+        ds_op = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), a_layout)
+        dk_tok = warpgroup_mma(ds_op, q_i, dk, is_async=True)
+        if qk_scale > 0.0:
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv_tok, dk_tok, p_op, ds_op))
+        else:
+            p_op, ds_op, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(p_op, ds_op, dv_tok, dk_tok))
+    cp.wait_group(0)
+
+    rows = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, kv_layout))
+    mask = (rows[:, None] < N) & (cols[None, :] < HEAD_DIM)
+    rows = rows[:, None].to(gl.int64)
+    gl.store(DK + off_b * stride_dkb + off_h * stride_dkh + rows * stride_dkn + cols[None, :],
+             (dk * softmax_scale).to(dtype), mask=mask)
+    gl.store(DV + off_b * stride_dvb + off_h * stride_dvh + rows * stride_dvn + cols[None, :], dv.to(dtype), mask=mask)
+
+
+def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_m: int | None = None,
+         block_n: int = 128, stages: int = 3, num_warps: int = 8):
+    """dK, dV of attention by :func:`flash_bwd_dkdv_gluon_kernel`, into ``dk``, ``dv`` (new ones if None).
+
+    Args:
+        q, k, v, do: ``(B, H, N, d)`` float16/bfloat16 of one dtype and shape on a Hopper GPU, d ≤ 128, last stride 1,
+            the other strides multiples of 8 elements, 16-byte aligned.
+        lse, delta: ``(B, H, N)`` float32 contiguous: the forward's natural-log lse and rowsum(dO ∘ O).
+        softmax_scale: the scores' scale, a positive float.
+        block_m: query rows a step, a multiple of 16; default 64 for d ≤ 64, else 32 (fits without spills: Triton 3.6's
+            sm_90 compile, ``python -m benchmarks.flash_gluon_aot``); block_n: keys a program, a multiple of
+            16·num_warps.
+
+    Returns:
+        ``(dk, dv)``, ``(B, H, N, d)`` in q's dtype.
+
+    Raises:
+        RuntimeError: the tensors are not on a Hopper GPU. ValueError: a shape, dtype, stride or tile it does not take.
+    """
+    block_m = block_m or (64 if q.shape[-1] <= 64 else 32)
+    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_n, block_m, stages)
+    B, H, N, d = q.shape
+    if lse.shape != (B, H, N) or delta.shape != (B, H, N) or lse.dtype != torch.float32 \
+            or delta.dtype != torch.float32 or not (lse.is_contiguous() and delta.is_contiguous()):
+        raise ValueError(f"gluon dK/dV: lse and delta must be contiguous float32 {(B, H, N)}, got "
+                         f"{tuple(lse.shape)} {lse.dtype}, {tuple(delta.shape)} {delta.dtype}")
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    grid = (triton.cdiv(N, block_n) * B * H,)
+    flash_bwd_dkdv_gluon_kernel[grid](
+        q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], H, N,
+        HEAD_DIM=d, D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        num_warps=num_warps)
+    return dk, dv
