@@ -149,3 +149,10 @@ def test_gpu_gluon_dkdv_matches_float64(seq_len, head_dim, dtype):
         err, base_err = max_err(got, ref), max_err(base, ref)
         assert torch.isfinite(got).all() and err <= 2 * base_err + floor, (name, err, base_err, floor)
         assert max_err(got, tri) <= 2 * max_err(tri, ref) + floor, (name, max_err(got, tri))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; on a GPU the command runs for minutes")
+def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
+    proc = subprocess.run([sys.executable, "benchmarks/flash_bench.py", "--gluon"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
