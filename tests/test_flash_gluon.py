@@ -156,3 +156,30 @@ def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
     proc = subprocess.run([sys.executable, "benchmarks/flash_bench.py", "--gluon"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m, block_n, stages, num_warps", [(None, 128, 4, 8), (None, 64, 3, 4), (32, 64, 4, 4)])
+@pytest.mark.parametrize("head_dim", [64, 72])
+def test_gpu_gluon_dkdv_tiles_packed_views_and_given_outputs(block_m, block_n, stages, num_warps, head_dim):
+    """Other tiles, stage counts (a ring with two tiles in flight) and 4 warps, on the ViT's strided (B, N, 3, H, d)
+    views, writing into slices of one packed gradient, against the Triton backward; N = 301 leaves ragged tiles."""
+    if not _is_hopper():
+        pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
+    from kernels import split_qkv
+    from kernels.flash import gluon_bwd, op
+
+    qkv = torch.randn(3, 301, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)
+    scale = head_dim ** -0.5
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    out, lse = op._fwd(q, k, v, scale)
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    _, dk_ref, dv_ref = op._bwd(do, q, k, v, out, lse, scale)
+    dqkv = torch.full_like(qkv, float("nan"))
+    _, dk, dv = split_qkv(dqkv)
+    gluon_bwd.dkdv(q, k, v, do, lse, delta, scale, dk, dv, block_m, block_n, stages, num_warps)
+    assert torch.isnan(dqkv[:, :, 0]).all(), "wrote outside dk and dv"
+    for name, got, ref in (("dk", dk, dk_ref), ("dv", dv, dv_ref)):
+        assert max_err(got, ref) <= 2e-2 * max(1.0, ref.abs().max().item()), (name, max_err(got, ref))

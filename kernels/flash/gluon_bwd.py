@@ -27,7 +27,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_fwd import _issue_tile, _load_layout, _mma_layout, _wait_tile, check_inputs
+from .gluon_fwd import _issue_tile, _load_layout, _mma_layout, _rows_of_8, _wait_tile, check_inputs
 from .kernels import LOG2E
 
 
@@ -68,10 +68,10 @@ def flash_bwd_dkdv_gluon_kernel(
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # Pᵀ, dSᵀ
     row_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     key_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
-    stride_qn = gl.multiple_of(stride_qn, 8)
-    stride_kn = gl.multiple_of(stride_kn, 8)
-    stride_vn = gl.multiple_of(stride_vn, 8)
-    stride_don = gl.multiple_of(stride_don, 8)
+    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
+    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
+    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
+    stride_dob, stride_doh, stride_don = _rows_of_8(stride_dob), _rows_of_8(stride_doh), _rows_of_8(stride_don)
 
     n_key_tiles = gl.cdiv(N, BLOCK_N)
     pid = gl.program_id(0)
@@ -158,12 +158,16 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
     block_m = block_m or (64 if q.shape[-1] <= 64 else 32)
     check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_n, block_m, stages)
     B, H, N, d = q.shape
-    if lse.shape != (B, H, N) or delta.shape != (B, H, N) or lse.dtype != torch.float32 \
-            or delta.dtype != torch.float32 or not (lse.is_contiguous() and delta.is_contiguous()):
-        raise ValueError(f"gluon dK/dV: lse and delta must be contiguous float32 {(B, H, N)}, got "
-                         f"{tuple(lse.shape)} {lse.dtype}, {tuple(delta.shape)} {delta.dtype}")
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != (B, H, N) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != q.device:
+            raise ValueError(f"gluon dK/dV: {name} must be a contiguous float32 {(B, H, N)} tensor on {q.device}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
+    for name, t in (("dk", dk), ("dv", dv)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+            raise ValueError(f"gluon dK/dV: {name} must be a {tuple(q.shape)} {q.dtype} tensor on {q.device} with a "
+                             f"last stride of 1, got {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}")
     grid = (triton.cdiv(N, block_n) * B * H,)
     flash_bwd_dkdv_gluon_kernel[grid](
         q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,

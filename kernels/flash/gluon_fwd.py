@@ -49,6 +49,12 @@ def _mma_layout(N, num_warps):
 
 
 @gluon.jit
+def _rows_of_8(stride):
+    """``stride`` (a multiple of 8) in a form the compiler knows to be one."""
+    return (stride // 8) * 8
+
+
+@gluon.jit
 def _issue_tile(smem, base, row0, N, stride_n, HEAD_DIM, ROWS: gl.constexpr, D: gl.constexpr,
                 layout: gl.constexpr):
     """cp.async of rows row0 … row0 + ROWS − 1 of one head's (N, d) tensor into ``smem``, zero past N and head_dim."""
@@ -106,10 +112,11 @@ def flash_fwd_gluon_kernel(
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
 
-    # fwd checks these: rows start on 16-byte boundaries, so each thread's 8 elements are one 16-byte cp.async.
-    stride_qn = gl.multiple_of(stride_qn, 8)
-    stride_kn = gl.multiple_of(stride_kn, 8)
-    stride_vn = gl.multiple_of(stride_vn, 8)
+    # check_inputs makes these multiples of 8; written as (s // 8) · 8 the compiler knows it too (a hint on an argument
+    # is lost, and the JIT marks only multiples of 16), so each thread's 8 elements are one 16-byte cp.async.
+    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
+    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
+    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
     n_row_tiles = gl.cdiv(N, BLOCK_M)
     pid = gl.program_id(0)
     off_bh = pid // n_row_tiles
@@ -200,10 +207,14 @@ def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages
             raise ValueError(f"gluon flash kernels: {name} needs a last stride of 1, the other strides multiples of 8 "
                              f"elements and a 16-byte aligned start (strides {t.stride()}); .contiguous() on a "
                              "head_dim that is a multiple of 8 gives that")
-    if num_warps % 4 or block_rows % (16 * num_warps) or block_cols % 16 or not 16 <= block_cols <= 256 or stages < 3:
+    def power_of_2(n):
+        return n > 0 and n & (n - 1) == 0
+
+    if (num_warps % 4 or block_rows % (16 * num_warps) or not power_of_2(block_rows) or block_rows > 256
+            or not power_of_2(block_cols) or not 16 <= block_cols <= 128 or stages < 3):
         raise ValueError(f"gluon flash kernels: num_warps={num_warps} must be a multiple of 4, the row tile "
-                         f"{block_rows} of 16·num_warps, the column tile {block_cols} of 16 within [16, 256], and "
-                         f"stages={stages} at least 3")
+                         f"{block_rows} a power of two ≤ 256 and a multiple of 16·num_warps, the column tile "
+                         f"{block_cols} a power of two in [16, 128], and stages={stages} at least 3")
     if not softmax_scale > 0:
         raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
 
