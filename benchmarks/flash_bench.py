@@ -141,6 +141,7 @@ def table(shapes, fp32_delta=False):
 
 GLUON_TILES = [(128, 64, 3, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 64, 4, 8)]  # block_m, block_n, stages, warps
 GLUON_DKDV_TILES = [(None, 128, 3, 8), (None, 64, 3, 4), (None, 128, 4, 8)]  # block_m (None: by d), block_n, ...
+GLUON_DQ_TILES = [(128, 64, 3, 8), (128, 64, 4, 8), (64, 64, 3, 4)]  # block_m, block_n, stages, warps
 
 
 def _gluon_cells(fns, sets, flops, reference):
@@ -157,8 +158,9 @@ def _gluon_cells(fns, sets, flops, reference):
 
 
 def gluon_table(shapes):
-    """kernels/flash/gluon_fwd.py's forward and gluon_bwd.py's dK/dV kernel at several tiles, beside ours (Triton) and
-    cuDNN's forward, on the same rotated inputs, with each result's largest difference from ours (Hopper only)."""
+    """kernels/flash/gluon_fwd.py's forward and gluon_bwd.py's dK/dV and dQ kernels at several tiles, beside ours
+    (Triton) and cuDNN's forward, on the same rotated inputs, with each result's largest difference from ours (Hopper
+    only). The Triton dQ kernel's time includes forming delta, which the Gluon one reads."""
     for shape in shapes:
         _gluon_shape(shape)
 
@@ -174,7 +176,7 @@ def _gluon_shape(shape):
         out, lse = op._fwd(q, k, v, scale)
         delta = torch.empty_like(lse)
         op.launch_preprocess(out, do, delta)
-        sets.append((q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v)))
+        sets.append((q, k, v, do, lse, delta, torch.empty_like(k), torch.empty_like(v), out, torch.empty_like(q)))
     cudnn = _sdpa("CUDNN_ATTENTION")
     fwd = {"flash (ours)": lambda s: (attention(*s[:3]),), "sdpa cudnn": lambda s: (cudnn(*s[:3]),)}
     for t in GLUON_TILES:
@@ -192,6 +194,17 @@ def _gluon_shape(shape):
         bwd[f"gluon dk/dv {t}"] = lambda s, t=t: gluon_bwd.dkdv(*s[:6], scale, None, None, *t)
     reference = [x.clone() for x in triton_dkdv(sets[0])]
     print(f"gluon dk/dv {shape}: " + _gluon_cells(bwd, sets, 2 * flops, reference), flush=True)
+    dq_tuner = configs.DQ[configs.head_dim_class(d)]
+
+    def triton_dq(s):  # forms delta itself, rewriting the set's (the same rowsum(dO ∘ O), to rounding)
+        op.launch_dq(dq_tuner, *s[:4], s[9], s[8], s[4], s[5], scale)
+        return (s[9],)
+
+    dq_fns = {"triton dq": triton_dq}
+    for t in GLUON_DQ_TILES:
+        dq_fns[f"gluon dq {t}"] = lambda s, t=t: (gluon_bwd.dq_grad(*s[:6], scale, None, *t),)
+    reference = [x.clone() for x in triton_dq(sets[0])]
+    print(f"gluon dq {shape}: " + _gluon_cells(dq_fns, sets, 1.5 * flops, reference), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

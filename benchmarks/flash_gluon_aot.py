@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget
 CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (80, 128, 64, 3, 8), (72, 128, 64, 3, 8),
          (64, 64, 64, 4, 4)]  # d, tiles, stages, warps
 BWD_CASES = [(64, 64, 128, 3, 8), (128, 32, 128, 3, 8), (64, 64, 64, 3, 4), (72, 32, 128, 3, 8)]  # d, query and key tiles, stages, warps
+DQ_CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (72, 128, 64, 3, 8)]  # d, query and key tiles, stages, warps
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
@@ -50,6 +51,15 @@ def compile_forward(head_dim: int, block_m: int, block_n: int, stages: int, num_
 
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32"}
     return _compile(gluon_fwd.flash_fwd_gluon_kernel, _const(head_dim, block_m, block_n, stages, num_warps),
+                    pointers, num_warps)
+
+
+def compile_dq(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
+    """The Gluon dQ kernel for sm_90 (bf16)."""
+    from kernels.flash import gluon_bwd
+
+    pointers = {**dict.fromkeys(("Q", "K", "V", "DO", "DQ"), "*bf16"), "Lse": "*fp32", "Delta": "*fp32"}
+    return _compile(gluon_bwd.flash_bwd_dq_gluon_kernel, _const(head_dim, block_m, block_n, stages, num_warps),
                     pointers, num_warps)
 
 
@@ -96,6 +106,10 @@ def main() -> None:
     for head_dim, block_m, block_n, stages, warps in BWD_CASES:
         kernel = compile_dkdv(head_dim, block_m, block_n, stages, warps)
         print(f"dkdv d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
+              flush=True)
+    for head_dim, block_m, block_n, stages, warps in DQ_CASES:
+        kernel = compile_dq(head_dim, block_m, block_n, stages, warps)
+        print(f"dq d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
               flush=True)
     print(f"triton {triton.__version__}")
 

@@ -40,6 +40,11 @@ def test_the_gluon_kernels_compile_for_sm90_with_the_elementwise_work_between_th
     for line in lines:
         assert " 0 spill stores" in line and "HGMMA True" in line, line
         assert line.split("sass order:")[1].strip().startswith("W1 EXP W1"), line  # the wait for dPᵀ after the exps
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("dq d=")]
+    assert len(lines) == 3, proc.stdout
+    for line in lines:
+        assert " 0 spill stores" in line and "HGMMA True" in line, line
+        assert line.split("sass order:")[1].strip().startswith("W1 EXP W0"), line  # the wait for dP after the exps
 
 
 def _check_forward(q, k, v):
@@ -120,9 +125,9 @@ def test_gpu_bad_tiles_are_a_clear_error():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", [32, 64, 72, 80, 128])
 @pytest.mark.parametrize("seq_len", [1, 17, 197, 577, 1025, 4096])
-def test_gpu_gluon_dkdv_matches_float64(seq_len, head_dim, dtype):
-    """dk and dv against float64 within 2× the naive backend's error at the same dtype; and against the Triton
-    backward's (the same lse and delta)."""
+def test_gpu_gluon_backward_matches_float64(seq_len, head_dim, dtype):
+    """dq, dk and dv (gluon_bwd.bwd: both Gluon kernels) against float64 within 2× the naive backend's error at the
+    same dtype; and against the Triton backward's from the same out and lse."""
     if not _is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from conftest import forward_backward, reference_attention
@@ -132,30 +137,21 @@ def test_gpu_gluon_dkdv_matches_float64(seq_len, head_dim, dtype):
 
     q, k, v = make_qkv(2, 3, seq_len, head_dim, dtype=dtype, device="cuda")
     scale = head_dim ** -0.5
-    ref_out, (_, rk, rv) = reference_attention(q, k, v, scale)
+    ref_out, (rq, rk, rv) = reference_attention(q, k, v, scale)
     q, k, v = (t.detach() for t in (q, k, v))
     do = torch.randn_like(ref_out)
     ref_out.backward(do)
     do = do.to(dtype)
     out, lse = op._fwd(q, k, v, scale)
-    delta = torch.empty_like(lse)
-    op.launch_preprocess(out, do, delta)
-    dk, dv = gluon_bwd.dkdv(q, k, v, do, lse, delta, scale)
-    _, _, base_dk, base_dv = forward_backward(naive, q, k, v, do, scale)
-    _, tri_dk, tri_dv = op._bwd(do, q, k, v, out, lse, scale)
-    for name, got, ref, base, tri in (("dk", dk, rk.grad, base_dk, tri_dk), ("dv", dv, rv.grad, base_dv, tri_dv)):
+    grads = gluon_bwd.bwd(do, q, k, v, out, lse, scale)
+    _, *base = forward_backward(naive, q, k, v, do, scale)
+    triton_grads = op._bwd(do, q, k, v, out, lse, scale)
+    for name, got, ref, b, tri in zip(("dq", "dk", "dv"), grads, (rq.grad, rk.grad, rv.grad), base, triton_grads):
         floor = ERROR_FLOOR[dtype] + ref.abs().max().item() * (
             ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(dtype).eps)
-        err, base_err = max_err(got, ref), max_err(base, ref)
+        err, base_err = max_err(got, ref), max_err(b, ref)
         assert torch.isfinite(got).all() and err <= 2 * base_err + floor, (name, err, base_err, floor)
         assert max_err(got, tri) <= 2 * max_err(tri, ref) + floor, (name, max_err(got, tri))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; on a GPU the command runs for minutes")
-def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
-    proc = subprocess.run([sys.executable, "benchmarks/flash_bench.py", "--gluon"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, check=False)
-    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.gpu
@@ -183,3 +179,10 @@ def test_gpu_gluon_dkdv_tiles_packed_views_and_given_outputs(block_m, block_n, s
     assert torch.isnan(dqkv[:, :, 0]).all(), "wrote outside dk and dv"
     for name, got, ref in (("dk", dk, dk_ref), ("dv", dv, dv_ref)):
         assert max_err(got, ref) <= 2e-2 * max(1.0, ref.abs().max().item()), (name, max_err(got, ref))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal; on a GPU the command runs for minutes")
+def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
+    proc = subprocess.run([sys.executable, "benchmarks/flash_bench.py", "--gluon"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]

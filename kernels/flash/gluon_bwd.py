@@ -1,5 +1,5 @@
-"""The flash backward's dK, dV kernel for Hopper in Gluon, with the elementwise work under the products (experimental,
-not wired, not GPU-run).
+"""The flash backward for Hopper in Gluon, dK/dV and dQ kernels with the elementwise work under the products
+(experimental, not wired, not GPU-run).
 
 Dao, 2023, "FlashAttention-2", Algorithm 2 (the dK, dV half: a program owns a key tile and loops over the query
 tiles), with FlashAttention-3's overlap (Shah et al., 2024, Section 3.2) applied to the backward: per query tile i
@@ -13,7 +13,9 @@ tiles), with FlashAttention-3's overlap (Shah et al., 2024, Section 3.2) applied
 Triton's compiler cannot express those waits (benchmarks/results/flash_notes.md). Q and dO tiles arrive by cp.async
 into a ring of STAGES slots, as in :mod:`kernels.flash.gluon_fwd`, whose conventions (16-byte rows, masks, the branch
 that keeps ptxas from hoisting a wait) this follows. ``delta`` = rowsum(dO ∘ O) comes ready-made
-(:func:`kernels.flash.op.launch_preprocess`); dQ stays with the Triton dQ kernel.
+(:func:`kernels.flash.op.launch_preprocess`). The dQ kernel owns a query tile and loops over the key tiles the same
+way: S = Q Kⱼᵀ and dP = dO Vⱼᵀ issued together, P's exponentials while dP runs, dQ += dS Kⱼ issued last. Seven
+products in all, as in the Triton backward (kernels/flash/kernels.py), with no atomics: deterministic.
 
 Contract: q, k, v, do ``(B, H, N, d)`` float16/bfloat16, d ≤ 128, last stride 1 and the others multiples of 8
 elements; lse (natural log) and delta ``(B, H, N)`` float32 contiguous; writes dk, dv ``(B, H, N, d)`` (last stride 1).
@@ -27,7 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_fwd import _issue_tile, _load_layout, _mma_layout, _rows_of_8, _wait_tile, check_inputs
+from .gluon_fwd import _issue_kv, _issue_tile, _load_layout, _mma_layout, _rows_of_8, _wait_tile, check_inputs
 from .kernels import LOG2E
 
 
@@ -136,6 +138,20 @@ def flash_bwd_dkdv_gluon_kernel(
     gl.store(DV + off_b * stride_dvb + off_h * stride_dvh + rows * stride_dvn + cols[None, :], dv.to(dtype), mask=mask)
 
 
+def _check_stats_and_outputs(q, lse, delta, outputs) -> None:
+    """lse and delta contiguous float32 (B, H, N) on q's device; each (name, tensor) of ``outputs`` q's shape, dtype and
+    device with a last stride of 1. Raises ValueError naming the first that is not."""
+    B, H, N, _ = q.shape
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.shape != (B, H, N) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != q.device:
+            raise ValueError(f"gluon backward: {name} must be a contiguous float32 {(B, H, N)} tensor on {q.device}, "
+                             f"got {tuple(t.shape)} {t.dtype} on {t.device}")
+    for name, t in outputs:
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+            raise ValueError(f"gluon backward: {name} must be a {tuple(q.shape)} {q.dtype} tensor on {q.device} with "
+                             f"a last stride of 1, got {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}")
+
+
 def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_m: int | None = None,
          block_n: int = 128, stages: int = 3, num_warps: int = 8):
     """dK, dV of attention by :func:`flash_bwd_dkdv_gluon_kernel`, into ``dk``, ``dv`` (new ones if None).
@@ -158,16 +174,9 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
     block_m = block_m or (64 if q.shape[-1] <= 64 else 32)
     check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_n, block_m, stages)
     B, H, N, d = q.shape
-    for name, t in (("lse", lse), ("delta", delta)):
-        if t.shape != (B, H, N) or t.dtype != torch.float32 or not t.is_contiguous() or t.device != q.device:
-            raise ValueError(f"gluon dK/dV: {name} must be a contiguous float32 {(B, H, N)} tensor on {q.device}, got "
-                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
-    for name, t in (("dk", dk), ("dv", dv)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
-            raise ValueError(f"gluon dK/dV: {name} must be a {tuple(q.shape)} {q.dtype} tensor on {q.device} with a "
-                             f"last stride of 1, got {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}")
+    _check_stats_and_outputs(q, lse, delta, (("dk", dk), ("dv", dv)))
     grid = (triton.cdiv(N, block_n) * B * H,)
     flash_bwd_dkdv_gluon_kernel[grid](
         q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
@@ -175,3 +184,108 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
         HEAD_DIM=d, D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
     return dk, dv
+
+
+@gluon.jit
+def flash_bwd_dq_gluon_kernel(
+    Q, K, V, DO, DQ, Lse, Delta, softmax_scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_don, stride_dqb, stride_dqh, stride_dqn,
+    H, N,
+    HEAD_DIM: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_M)·B·H,), query tiles fastest. BLOCK_M queries a program, BLOCK_N keys a step."""
+    dtype: gl.constexpr = Q.dtype.element_ty
+    ld_layout: gl.constexpr = _load_layout(D, num_warps)
+    s_layout: gl.constexpr = _mma_layout(BLOCK_N, num_warps)  # (queries, keys): S, dP
+    dq_layout: gl.constexpr = _mma_layout(D, num_warps)  # (queries, d)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)  # dS
+    row_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
+    key_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
+    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
+    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
+    stride_dob, stride_doh, stride_don = _rows_of_8(stride_dob), _rows_of_8(stride_doh), _rows_of_8(stride_don)
+
+    n_row_tiles = gl.cdiv(N, BLOCK_M)
+    pid = gl.program_id(0)
+    off_bh = pid // n_row_tiles
+    row0 = (pid % n_row_tiles) * BLOCK_M
+    off_b = (off_bh // H).to(gl.int64)
+    off_h = (off_bh % H).to(gl.int64)
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], row_smem)
+    do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], row_smem)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], key_smem)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], key_smem)
+    n_tiles = gl.cdiv(N, BLOCK_N)
+
+    # Q and dO with key tile 0 in the first copy group, then key tiles 1 … STAGES − 3.
+    _issue_tile(q_smem, Q + off_b * stride_qb + off_h * stride_qh, row0, N, stride_qn, HEAD_DIM, BLOCK_M, D, ld_layout)
+    _issue_tile(do_smem, DO + off_b * stride_dob + off_h * stride_doh, row0, N, stride_don, HEAD_DIM, BLOCK_M, D,
+                ld_layout)
+    for t in gl.static_range(STAGES - 2):
+        _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
+                  ld_layout)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse = gl.load(Lse + off_bh.to(gl.int64) * N + rows, mask=rows < N, other=0.0) * 1.4426950408889634
+    delta = gl.load(Delta + off_bh.to(gl.int64) * N + rows, mask=rows < N, other=0.0)
+
+    zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=dq_layout)
+    for j in range(n_tiles):
+        # After the barrier every warp has waited for tile j − 1's products: tile j − 2's slot is free.
+        _wait_tile(STAGES)
+        _issue_kv(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N,
+                  D, STAGES, ld_layout)
+        k_j = k_smem.index(j % STAGES)
+        s_tok = warpgroup_mma(q_smem, k_j.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_smem.index(j % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        p = gl.where(cols[None, :] < N, gl.exp2(s * qk_scale - lse[:, None]), 0.0)  # keys past N: P = 0
+        # The branch keeps ptxas from hoisting this wait above the exponentials (see gluon_fwd); qk_scale > 0.
+        if qk_scale > 0.0:
+            dp, p = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok, p))
+        else:
+            p, dp = warpgroup_mma_wait(num_outstanding=0, deps=(p, dp_tok))
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq_tok = warpgroup_mma(ds_op, k_j, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq_tok, ds_op))
+    cp.wait_group(0)
+
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, dq_layout))
+    gl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + rows[:, None].to(gl.int64) * stride_dqn + cols[None, :],
+             (dq * softmax_scale).to(dtype), mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
+
+
+def dq_grad(q, k, v, do, lse, delta, softmax_scale: float, dq=None, block_m: int = 128, block_n: int = 64,
+            stages: int = 3, num_warps: int = 8):
+    """dQ of attention by :func:`flash_bwd_dq_gluon_kernel`, into ``dq`` (a new one if None); arguments and errors as
+    :func:`dkdv`, with block_m the queries a program (a multiple of 16·num_warps) and block_n the keys a step."""
+    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_m, block_n, stages)
+    B, H, N, d = q.shape
+    dq = torch.empty_like(q) if dq is None else dq
+    _check_stats_and_outputs(q, lse, delta, (("dq", dq),))
+    grid = (triton.cdiv(N, block_m) * B * H,)
+    flash_bwd_dq_gluon_kernel[grid](
+        q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3], H, N,
+        HEAD_DIM=d, D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        num_warps=num_warps)
+    return dq
+
+
+def bwd(do, q, k, v, out, lse, softmax_scale: float):
+    """dq, dk, dv of attention from the forward's ``out`` and ``lse``: delta by the Triton preprocess kernel, then the
+    two Gluon kernels at their default tiles. Arguments as :func:`dkdv`; ``out`` (B, H, N, d) like q."""
+    from . import op
+
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    dk, dv = dkdv(q, k, v, do, lse, delta, softmax_scale)
+    return dq_grad(q, k, v, do, lse, delta, softmax_scale), dk, dv
