@@ -186,7 +186,7 @@ def _gluon_shape(shape):
     tuner = configs.DKDV[configs.head_dim_class(d)]
 
     def triton_dkdv(s):
-        op.launch_dkdv(tuner, *s[:4], s[6], s[7], s[4], s[5], scale)
+        op.launch_dkdv(tuner, *s[:4], s[6], s[7], s[4], s[5], scale, direct=True)
         return s[6], s[7]
 
     bwd = {"triton dk/dv": triton_dkdv}
@@ -197,7 +197,7 @@ def _gluon_shape(shape):
     dq_tuner = configs.DQ[configs.head_dim_class(d)]
 
     def triton_dq(s):  # forms delta itself, rewriting the set's (the same rowsum(dO ∘ O), to rounding)
-        op.launch_dq(dq_tuner, *s[:4], s[9], s[8], s[4], s[5], scale)
+        op.launch_dq(dq_tuner, *s[:4], s[9], s[8], s[4], s[5], scale, direct=True)
         return (s[9],)
 
     dq_fns = {"triton dq": triton_dq}

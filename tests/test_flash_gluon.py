@@ -119,6 +119,14 @@ def test_gpu_bad_tiles_are_a_clear_error():
     odd = torch.randn(1, 1, 8, 68, dtype=torch.bfloat16, device="cuda")[..., :64]  # row stride 68
     with pytest.raises(ValueError, match="multiples of 8"):
         gluon_fwd.fwd(odd, odd, odd, 0.125)
+    with pytest.raises(ValueError, match="shared memory"):
+        big = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+        gluon_fwd.fwd(big, big, big, 0.125, block_n=128, stages=4)
+    from kernels.flash import gluon_bwd
+
+    lse = torch.zeros(1, 1, 7, device="cuda")
+    with pytest.raises(ValueError, match="lse must be a contiguous float32"):
+        gluon_bwd.bwd(q, q, q, q, q, lse, 0.125)  # before any kernel writes delta
 
 
 @pytest.mark.gpu
@@ -186,3 +194,29 @@ def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
     proc = subprocess.run([sys.executable, "benchmarks/flash_bench.py", "--gluon"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_m, block_n, stages, num_warps", [(128, 64, 4, 8), (64, 64, 3, 4), (128, 32, 5, 8)])
+@pytest.mark.parametrize("head_dim", [64, 72])
+def test_gpu_gluon_dq_tiles_packed_views_and_given_output(block_m, block_n, stages, num_warps, head_dim):
+    """The dQ kernel at other tiles and stage counts, on strided (B, N, 3, H, d) views, into a slice of one packed
+    gradient, against the Triton backward; N = 301 leaves ragged tiles."""
+    if not _is_hopper():
+        pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
+    from kernels import split_qkv
+    from kernels.flash import gluon_bwd, op
+
+    qkv = torch.randn(3, 301, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)
+    scale = head_dim ** -0.5
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    out, lse = op._fwd(q, k, v, scale)
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    dq_ref = op._bwd(do, q, k, v, out, lse, scale)[0]
+    dqkv = torch.full_like(qkv, float("nan"))
+    dq = split_qkv(dqkv)[0]
+    gluon_bwd.dq_grad(q, k, v, do, lse, delta, scale, dq, block_m, block_n, stages, num_warps)
+    assert torch.isnan(dqkv[:, :, 1:]).all(), "wrote outside dq"
+    assert max_err(dq, dq_ref) <= 2e-2 * max(1.0, dq_ref.abs().max().item()), max_err(dq, dq_ref)

@@ -147,9 +147,11 @@ def _check_stats_and_outputs(q, lse, delta, outputs) -> None:
             raise ValueError(f"gluon backward: {name} must be a contiguous float32 {(B, H, N)} tensor on {q.device}, "
                              f"got {tuple(t.shape)} {t.dtype} on {t.device}")
     for name, t in outputs:
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1:
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device or t.stride(-1) != 1 \
+                or any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
             raise ValueError(f"gluon backward: {name} must be a {tuple(q.shape)} {q.dtype} tensor on {q.device} with "
-                             f"a last stride of 1, got {tuple(t.shape)} {t.dtype} on {t.device}, strides {t.stride()}")
+                             f"a last stride of 1 and no zero strides, got {tuple(t.shape)} {t.dtype} on {t.device}, "
+                             f"strides {t.stride()}")
 
 
 def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_m: int | None = None,
@@ -172,7 +174,8 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
         RuntimeError: the tensors are not on a Hopper GPU. ValueError: a shape, dtype, stride or tile it does not take.
     """
     block_m = block_m or (64 if q.shape[-1] <= 64 else 32)
-    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_n, block_m, stages)
+    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_n, block_m, stages,
+                 2 * block_n + 2 * stages * block_m)
     B, H, N, d = q.shape
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
@@ -267,7 +270,8 @@ def dq_grad(q, k, v, do, lse, delta, softmax_scale: float, dq=None, block_m: int
             stages: int = 3, num_warps: int = 8):
     """dQ of attention by :func:`flash_bwd_dq_gluon_kernel`, into ``dq`` (a new one if None); arguments and errors as
     :func:`dkdv`, with block_m the queries a program (a multiple of 16·num_warps) and block_n the keys a step."""
-    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_m, block_n, stages)
+    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, num_warps, block_m, block_n, stages,
+                 2 * block_m + 2 * stages * block_n)
     B, H, N, d = q.shape
     dq = torch.empty_like(q) if dq is None else dq
     _check_stats_and_outputs(q, lse, delta, (("dq", dq),))
@@ -285,7 +289,9 @@ def bwd(do, q, k, v, out, lse, softmax_scale: float):
     two Gluon kernels at their default tiles. Arguments as :func:`dkdv`; ``out`` (B, H, N, d) like q."""
     from . import op
 
-    delta = torch.empty_like(lse)
-    op.launch_preprocess(out, do, delta)
+    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, 4, 64, 64, 3, 0)  # tensors; tiles: below
+    _check_stats_and_outputs(q, lse, lse, (("out", out),))  # before the preprocess kernel reads out, writes delta
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    op.launch_preprocess(out, do, delta, direct=True)
     dk, dv = dkdv(q, k, v, do, lse, delta, softmax_scale)
     return dq_grad(q, k, v, do, lse, delta, softmax_scale), dk, dv

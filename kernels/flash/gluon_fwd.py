@@ -185,9 +185,13 @@ def flash_fwd_gluon_kernel(
     gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
 
 
-def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages) -> None:
+SHARED_MEMORY = 232448  # bytes of shared memory one CTA may use on an H100/H200 (227 KiB)
+
+
+def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages, shared_tiles) -> None:
     """The Gluon kernels' argument checks: ``named`` (name, tensor) pairs of one (B, H, N, d) shape and 16-bit dtype
-    on a Hopper GPU, d ≤ 128, 16-byte rows; block_rows (the products' M) a multiple of 16·num_warps, block_cols of 16.
+    on a Hopper GPU, d ≤ 128, 16-byte rows; block_rows (the products' M) a multiple of 16·num_warps, block_cols of 16;
+    ``shared_tiles`` rows of padded head_dim in shared memory within :data:`SHARED_MEMORY`.
 
     Raises:
         RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
@@ -217,6 +221,10 @@ def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages
                          f"{block_cols} a power of two in [16, 128], and stages={stages} at least 3")
     if not softmax_scale > 0:
         raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
+    shared = shared_tiles * max(16, triton.next_power_of_2(shape[-1])) * 2
+    if shared > SHARED_MEMORY:
+        raise ValueError(f"gluon flash kernels: these tiles and stages take {shared} bytes of shared memory, more than "
+                         f"a Hopper CTA's {SHARED_MEMORY}: use smaller tiles or fewer stages")
 
 
 def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, block_m: int = 128,
@@ -234,7 +242,8 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
         ValueError: a shape, dtype, stride or tile argument the kernel does not take.
         RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
     """
-    check_inputs((("q", q), ("k", k), ("v", v)), softmax_scale, num_warps, block_m, block_n, stages)
+    check_inputs((("q", q), ("k", k), ("v", v)), softmax_scale, num_warps, block_m, block_n, stages,
+                 block_m + 2 * stages * block_n)
     B, H, N, d = q.shape
     D = max(16, triton.next_power_of_2(d))
     out = torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, N, d)
