@@ -29,27 +29,27 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
-from .gluon_fwd import _issue_kv, _issue_tile, _load_layout, _mma_layout, _rows_of_8, _wait_tile, check_inputs
+from .gluon_fwd import (
+    _head,
+    _issue_pair,
+    _issue_tile,
+    _load_layout,
+    _mma_layout,
+    _program_tile,
+    _wait_tile,
+    check_inputs,
+)
 from .kernels import LOG2E
 
 
 @gluon.jit
-def _issue_rows(q_smem, do_smem, q_base, do_base, t, n_tiles, N, stride_qn, stride_don, HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
-    """Q and dO of query tile t (if it exists) into slot t mod STAGES, as one copy group."""
-    if t < n_tiles:
-        _issue_tile(q_smem.index(t % STAGES), q_base, t * BLOCK_M, N, stride_qn, HEAD_DIM, BLOCK_M, D, layout)
-        _issue_tile(do_smem.index(t % STAGES), do_base, t * BLOCK_M, N, stride_don, HEAD_DIM, BLOCK_M, D, layout)
-    cp.commit_group()
-
-
-@gluon.jit
-def _row_stats(Lse_base, Delta_base, row0, N, BLOCK_M: gl.constexpr, s_layout: gl.constexpr):
-    """lse·log2(e) and delta of query rows row0 …, as the columns of a (keys, queries) tile; padded rows get lse = +inf
-    (so P = 0 there) and delta = 0."""
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    lse = gl.load(Lse_base + rows, mask=rows < N, other=float("inf")) * 1.4426950408889634
-    return lse, gl.load(Delta_base + rows, mask=rows < N, other=0.0)
+def _row_stats(Lse, Delta, off_bh, row0, N, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """lse·log2(e) and delta of one head's query rows row0 …, in ``layout`` (a slice of a tile's layout); padded rows
+    get lse = +inf (so P = 0 there) and delta = 0."""
+    rows = row0 + gl.arange(0, BLOCK_M, layout=layout)
+    offs = off_bh.to(gl.int64) * N + rows
+    lse = gl.load(Lse + offs, mask=rows < N, other=float("inf")) * 1.4426950408889634
+    return lse, gl.load(Delta + offs, mask=rows < N, other=0.0)
 
 
 @gluon.jit
@@ -70,21 +70,11 @@ def flash_bwd_dkdv_gluon_kernel(
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)  # Pᵀ, dSᵀ
     row_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     key_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
-    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
-    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
-    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
-    stride_dob, stride_doh, stride_don = _rows_of_8(stride_dob), _rows_of_8(stride_doh), _rows_of_8(stride_don)
-
-    n_key_tiles = gl.cdiv(N, BLOCK_N)
-    pid = gl.program_id(0)
-    off_bh = pid // n_key_tiles
-    col0 = (pid % n_key_tiles) * BLOCK_N
-    off_b = (off_bh // H).to(gl.int64)
-    off_h = (off_bh % H).to(gl.int64)
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = DO + off_b * stride_dob + off_h * stride_doh
-    Lse_base = Lse + off_bh.to(gl.int64) * N
-    Delta_base = Delta + off_bh.to(gl.int64) * N
+    col0, off_bh, off_b, off_h = _program_tile(N, H, BLOCK_N)
+    q_base, stride_qn = _head(Q, off_b, off_h, stride_qb, stride_qh, stride_qn)
+    k_base, stride_kn = _head(K, off_b, off_h, stride_kb, stride_kh, stride_kn)
+    v_base, stride_vn = _head(V, off_b, off_h, stride_vb, stride_vh, stride_vn)
+    do_base, stride_don = _head(DO, off_b, off_h, stride_dob, stride_doh, stride_don)
 
     k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], key_smem)
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, D], key_smem)
@@ -93,10 +83,10 @@ def flash_bwd_dkdv_gluon_kernel(
     n_tiles = gl.cdiv(N, BLOCK_M)
 
     # K and V with query tile 0 in the first copy group, then tiles 1 … STAGES − 3.
-    _issue_tile(k_smem, K + off_b * stride_kb + off_h * stride_kh, col0, N, stride_kn, HEAD_DIM, BLOCK_N, D, ld_layout)
-    _issue_tile(v_smem, V + off_b * stride_vb + off_h * stride_vh, col0, N, stride_vn, HEAD_DIM, BLOCK_N, D, ld_layout)
+    _issue_tile(k_smem, k_base, col0, N, stride_kn, HEAD_DIM, BLOCK_N, D, ld_layout)
+    _issue_tile(v_smem, v_base, col0, N, stride_vn, HEAD_DIM, BLOCK_N, D, ld_layout)
     for t in gl.static_range(STAGES - 2):
-        _issue_rows(q_smem, do_smem, q_base, do_base, t, n_tiles, N, stride_qn, stride_don, HEAD_DIM, BLOCK_M, D,
+        _issue_pair(q_smem, do_smem, q_base, do_base, t, n_tiles, N, stride_qn, stride_don, HEAD_DIM, BLOCK_M, D,
                     STAGES, ld_layout)
 
     zero = gl.zeros([BLOCK_N, BLOCK_M], dtype=gl.float32, layout=s_layout)
@@ -105,11 +95,11 @@ def flash_bwd_dkdv_gluon_kernel(
     for i in range(n_tiles):
         # After the barrier every warp has waited for tile i − 1's products: tile i − 2's slot is free.
         _wait_tile(STAGES)
-        _issue_rows(q_smem, do_smem, q_base, do_base, i + STAGES - 2, n_tiles, N, stride_qn, stride_don, HEAD_DIM,
+        _issue_pair(q_smem, do_smem, q_base, do_base, i + STAGES - 2, n_tiles, N, stride_qn, stride_don, HEAD_DIM,
                     BLOCK_M, D, STAGES, ld_layout)
         q_i = q_smem.index(i % STAGES)
         do_i = do_smem.index(i % STAGES)
-        lse, delta = _row_stats(Lse_base, Delta_base, i * BLOCK_M, N, BLOCK_M, s_layout)
+        lse, delta = _row_stats(Lse, Delta, off_bh, i * BLOCK_M, N, BLOCK_M, gl.SliceLayout(0, s_layout))
         s_tok = warpgroup_mma(k_smem, q_i.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(v_smem, do_i.permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
@@ -206,19 +196,11 @@ def flash_bwd_dq_gluon_kernel(
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)  # dS
     row_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     key_smem: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
-    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
-    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
-    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
-    stride_dob, stride_doh, stride_don = _rows_of_8(stride_dob), _rows_of_8(stride_doh), _rows_of_8(stride_don)
-
-    n_row_tiles = gl.cdiv(N, BLOCK_M)
-    pid = gl.program_id(0)
-    off_bh = pid // n_row_tiles
-    row0 = (pid % n_row_tiles) * BLOCK_M
-    off_b = (off_bh // H).to(gl.int64)
-    off_h = (off_bh % H).to(gl.int64)
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    row0, off_bh, off_b, off_h = _program_tile(N, H, BLOCK_M)
+    q_base, stride_qn = _head(Q, off_b, off_h, stride_qb, stride_qh, stride_qn)
+    k_base, stride_kn = _head(K, off_b, off_h, stride_kb, stride_kh, stride_kn)
+    v_base, stride_vn = _head(V, off_b, off_h, stride_vb, stride_vh, stride_vn)
+    do_base, stride_don = _head(DO, off_b, off_h, stride_dob, stride_doh, stride_don)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], row_smem)
     do_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], row_smem)
@@ -227,23 +209,20 @@ def flash_bwd_dq_gluon_kernel(
     n_tiles = gl.cdiv(N, BLOCK_N)
 
     # Q and dO with key tile 0 in the first copy group, then key tiles 1 … STAGES − 3.
-    _issue_tile(q_smem, Q + off_b * stride_qb + off_h * stride_qh, row0, N, stride_qn, HEAD_DIM, BLOCK_M, D, ld_layout)
-    _issue_tile(do_smem, DO + off_b * stride_dob + off_h * stride_doh, row0, N, stride_don, HEAD_DIM, BLOCK_M, D,
-                ld_layout)
+    _issue_tile(q_smem, q_base, row0, N, stride_qn, HEAD_DIM, BLOCK_M, D, ld_layout)
+    _issue_tile(do_smem, do_base, row0, N, stride_don, HEAD_DIM, BLOCK_M, D, ld_layout)
     for t in gl.static_range(STAGES - 2):
-        _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
-                  ld_layout)
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    lse = gl.load(Lse + off_bh.to(gl.int64) * N + rows, mask=rows < N, other=0.0) * 1.4426950408889634
-    delta = gl.load(Delta + off_bh.to(gl.int64) * N + rows, mask=rows < N, other=0.0)
+        _issue_pair(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
+                    ld_layout)
+    lse, delta = _row_stats(Lse, Delta, off_bh, row0, N, BLOCK_M, gl.SliceLayout(1, s_layout))
 
     zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
     dq = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=dq_layout)
     for j in range(n_tiles):
         # After the barrier every warp has waited for tile j − 1's products: tile j − 2's slot is free.
         _wait_tile(STAGES)
-        _issue_kv(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N,
-                  D, STAGES, ld_layout)
+        _issue_pair(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM,
+                    BLOCK_N, D, STAGES, ld_layout)
         k_j = k_smem.index(j % STAGES)
         s_tok = warpgroup_mma(q_smem, k_j.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(do_smem, v_smem.index(j % STAGES).permute((1, 0)), zero, use_acc=False, is_async=True)

@@ -55,6 +55,24 @@ def _rows_of_8(stride):
 
 
 @gluon.jit
+def _program_tile(N, H, BLOCK: gl.constexpr):
+    """(first row of this program's tile, batch·head, batch, head) on the grid (cdiv(N, BLOCK)·B·H,), tiles fastest
+    (as kernels._tile_and_head)."""
+    n_tiles = gl.cdiv(N, BLOCK)
+    pid = gl.program_id(0)
+    off_bh = pid // n_tiles
+    return (pid % n_tiles) * BLOCK, off_bh, (off_bh // H).to(gl.int64), (off_bh % H).to(gl.int64)
+
+
+@gluon.jit
+def _head(ptr, off_b, off_h, stride_b, stride_h, stride_n):
+    """(base, row stride) of one head's (N, d) rows of an input that check_inputs passed. Its strides are multiples of
+    8; written as (s // 8)·8 the compiler knows it too (a hint on an argument is lost, and the JIT marks only multiples
+    of 16), so each thread's 8 elements are one 16-byte cp.async."""
+    return ptr + off_b * _rows_of_8(stride_b) + off_h * _rows_of_8(stride_h), _rows_of_8(stride_n)
+
+
+@gluon.jit
 def _issue_tile(smem, base, row0, N, stride_n, HEAD_DIM, ROWS: gl.constexpr, D: gl.constexpr,
                 layout: gl.constexpr):
     """cp.async of rows row0 … row0 + ROWS − 1 of one head's (N, d) tensor into ``smem``, zero past N and head_dim."""
@@ -65,12 +83,13 @@ def _issue_tile(smem, base, row0, N, stride_n, HEAD_DIM, ROWS: gl.constexpr, D: 
 
 
 @gluon.jit
-def _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N: gl.constexpr,
-              D: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
-    """K and V of key tile t (if it exists) into slot t mod STAGES, as one copy group."""
+def _issue_pair(a_smem, b_smem, a_base, b_base, t, n_tiles, N, stride_an, stride_bn, HEAD_DIM, BLOCK: gl.constexpr,
+                D: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+    """Tile t (if it exists) of two tensors (K and V, or Q and dO) into slot t mod STAGES of their rings, as one copy
+    group."""
     if t < n_tiles:
-        _issue_tile(k_smem.index(t % STAGES), k_base, t * BLOCK_N, N, stride_kn, HEAD_DIM, BLOCK_N, D, layout)
-        _issue_tile(v_smem.index(t % STAGES), v_base, t * BLOCK_N, N, stride_vn, HEAD_DIM, BLOCK_N, D, layout)
+        _issue_tile(a_smem.index(t % STAGES), a_base, t * BLOCK, N, stride_an, HEAD_DIM, BLOCK, D, layout)
+        _issue_tile(b_smem.index(t % STAGES), b_base, t * BLOCK, N, stride_bn, HEAD_DIM, BLOCK, D, layout)
     cp.commit_group()
 
 
@@ -112,20 +131,10 @@ def flash_fwd_gluon_kernel(
     q_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
 
-    # check_inputs makes these multiples of 8; written as (s // 8) · 8 the compiler knows it too (a hint on an argument
-    # is lost, and the JIT marks only multiples of 16), so each thread's 8 elements are one 16-byte cp.async.
-    stride_qb, stride_qh, stride_qn = _rows_of_8(stride_qb), _rows_of_8(stride_qh), _rows_of_8(stride_qn)
-    stride_kb, stride_kh, stride_kn = _rows_of_8(stride_kb), _rows_of_8(stride_kh), _rows_of_8(stride_kn)
-    stride_vb, stride_vh, stride_vn = _rows_of_8(stride_vb), _rows_of_8(stride_vh), _rows_of_8(stride_vn)
-    n_row_tiles = gl.cdiv(N, BLOCK_M)
-    pid = gl.program_id(0)
-    off_bh = pid // n_row_tiles
-    row0 = (pid % n_row_tiles) * BLOCK_M
-    off_b = (off_bh // H).to(gl.int64)
-    off_h = (off_bh % H).to(gl.int64)
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    row0, off_bh, off_b, off_h = _program_tile(N, H, BLOCK_M)
+    q_base, stride_qn = _head(Q, off_b, off_h, stride_qb, stride_qh, stride_qn)
+    k_base, stride_kn = _head(K, off_b, off_h, stride_kb, stride_kh, stride_kn)
+    v_base, stride_vn = _head(V, off_b, off_h, stride_vb, stride_vh, stride_vn)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_smem_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_smem_layout)
@@ -135,12 +144,12 @@ def flash_fwd_gluon_kernel(
     # Prologue: Q with tile 0 in the first copy group, then tiles 1 … STAGES − 3, one group each.
     _issue_tile(q_smem, q_base, row0, N, stride_qn, HEAD_DIM, BLOCK_M, D, ld_layout)
     for t in gl.static_range(STAGES - 2):
-        _issue_kv(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
+        _issue_pair(k_smem, v_smem, k_base, v_base, t, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D, STAGES,
                   ld_layout)
 
     # Tile 0: its scores and softmax, no product with V yet.
     _wait_tile(STAGES)
-    _issue_kv(k_smem, v_smem, k_base, v_base, STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D,
+    _issue_pair(k_smem, v_smem, k_base, v_base, STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D,
               STAGES, ld_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
     s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -154,7 +163,7 @@ def flash_fwd_gluon_kernel(
     for j in range(1, n_tiles):
         # After the barrier every warp has waited for P_{j-2} V_{j-2}: tile j − 2's slot takes tile j + STAGES − 2.
         _wait_tile(STAGES)
-        _issue_kv(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N,
+        _issue_pair(k_smem, v_smem, k_base, v_base, j + STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N,
                   D, STAGES, ld_layout)
         s_tok = warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         acc_tok = warpgroup_mma(p, v_smem.index((j - 1) % STAGES), acc, is_async=True)
