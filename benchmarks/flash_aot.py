@@ -37,10 +37,9 @@ def compile_fused(dq_reduce: int, head_dim: int, block_m: int, block_n: int, num
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 3})
 
 
-def describe(kernel) -> str:
-    """Registers, shared bytes, and the reduction / TMA / wgmma instructions of a compiled kernel."""
-    ptx_adds = sorted(set(re.findall(r"(cp\.reduce\.async\.bulk[\w.]*|red\.global[\w.]*|atom\.global[\w.]*)",
-                                     kernel.asm["ptx"])))
+def registers_and_sass(kernel) -> tuple[str, str]:
+    """A compiled kernel's registers a thread (``?`` if cuobjdump does not say) and its SASS, read with the cuobjdump
+    that Triton ships."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
@@ -48,9 +47,16 @@ def describe(kernel) -> str:
                                check=True).stdout
         sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
+    return (regs.group(1) if regs else "?"), sass
+
+
+def describe(kernel) -> str:
+    """Registers, shared bytes, and the reduction / TMA / wgmma instructions of a compiled kernel."""
+    ptx_adds = sorted(set(re.findall(r"(cp\.reduce\.async\.bulk[\w.]*|red\.global[\w.]*|atom\.global[\w.]*)",
+                                     kernel.asm["ptx"])))
+    regs, sass = registers_and_sass(kernel)
     ops = sorted(set(re.findall(r"\b(UTMAREDG|UTMALDG|HGMMA)\b", sass)))
-    return (f"{regs.group(1) if regs else '?'} registers, {kernel.metadata.shared} B shared; PTX dQ adds: {ptx_adds}; "
-            f"SASS: {ops}")
+    return f"{regs} registers, {kernel.metadata.shared} B shared; PTX dQ adds: {ptx_adds}; SASS: {ops}"
 
 
 def main() -> None:

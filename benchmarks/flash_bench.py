@@ -4,7 +4,7 @@
     python3 benchmarks/flash_bench.py --warm     # first compile every autotune config in parallel processes
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
     python3 benchmarks/flash_bench.py --fp32-delta   # the table with flash's fp32_delta option as a fourth row
-    python3 benchmarks/flash_bench.py --gluon    # the Gluon forward and dK/dV kernels (Hopper) beside ours and cuDNN's
+    python3 benchmarks/flash_bench.py --gluon    # the Gluon kernels (Hopper) beside ours and, forward, cuDNN's
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
 timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
@@ -92,10 +92,16 @@ def host_overhead_us(fns, shape=(1, 1, 128, 64), calls=200):
     return "host time per call at (1, 1, 128, 64): " + "; ".join(lines)
 
 
+def _n_sets(shape) -> int:
+    """Input sets to rotate over at ``shape``: at least 2, and together 3× the L2 (four 16-bit (B, H, N, d) tensors a
+    set), so no call finds its inputs in L2."""
+    B, H, N, d = shape
+    return max(2, math.ceil(3 * L2_BYTES / (4 * B * H * N * d * 2)))
+
+
 def bench_shape(shape, fns, dtype=torch.bfloat16):
     B, H, N, d = shape
-    set_bytes = 4 * B * H * N * d * 2
-    n_sets = max(2, math.ceil(3 * L2_BYTES / set_bytes))
+    n_sets = _n_sets(shape)
     sets = [[torch.randn(shape, device="cuda", dtype=dtype) for _ in range(4)] for _ in range(n_sets)]
     flops = 4 * B * H * N * N * d
     rows = []
@@ -171,7 +177,7 @@ def _gluon_shape(shape):
     B, H, N, d = shape
     scale = d ** -0.5
     sets = []
-    for _ in range(max(2, math.ceil(3 * L2_BYTES / (4 * B * H * N * d * 2)))):
+    for _ in range(_n_sets(shape)):
         q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         out, lse = op._fwd(q, k, v, scale)
         delta = torch.empty_like(lse)

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+
+from benchmarks.flash_aot import registers_and_sass
 
 CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (80, 128, 64, 3, 8), (72, 128, 64, 3, 8),
          (64, 64, 64, 4, 4)]  # d, tiles, stages, warps
 BWD_CASES = [(64, 64, 128, 3, 8), (128, 32, 128, 3, 8), (64, 64, 64, 3, 4), (72, 32, 128, 3, 8)]  # d, query and key tiles, stages, warps
 DQ_CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (72, 128, 64, 3, 8)]  # d, query and key tiles, stages, warps
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def _compile(fn, const: dict, pointers: dict, num_warps: int):
@@ -86,31 +84,20 @@ def sass_order(sass: str) -> str:
 
 def describe(kernel) -> str:
     """Registers, spill stores, shared bytes, whether the SASS has HGMMA, and :func:`sass_order`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", cubin], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([CUOBJDUMP, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-    regs = re.search(r"REG:(\d+)", usage)
-    return (f"{regs.group(1) if regs else '?'} registers, {sass.count('STL')} spill stores, "
-            f"{kernel.metadata.shared} B shared, HGMMA {'HGMMA' in sass}; sass order: {sass_order(sass)}")
+    regs, sass = registers_and_sass(kernel)
+    return (f"{regs} registers, {sass.count('STL')} spill stores, {kernel.metadata.shared} B shared, "
+            f"HGMMA {'HGMMA' in sass}; sass order: {sass_order(sass)}")
 
 
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
-    for head_dim, block_m, block_n, stages, warps in CASES:
-        kernel = compile_forward(head_dim, block_m, block_n, stages, warps)
-        print(f"d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}", flush=True)
-    for head_dim, block_m, block_n, stages, warps in BWD_CASES:
-        kernel = compile_dkdv(head_dim, block_m, block_n, stages, warps)
-        print(f"dkdv d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
-              flush=True)
-    for head_dim, block_m, block_n, stages, warps in DQ_CASES:
-        kernel = compile_dq(head_dim, block_m, block_n, stages, warps)
-        print(f"dq d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
-              flush=True)
+    for label, compile_fn, cases in (("", compile_forward, CASES), ("dkdv ", compile_dkdv, BWD_CASES),
+                                     ("dq ", compile_dq, DQ_CASES)):
+        for head_dim, block_m, block_n, stages, warps in cases:
+            kernel = compile_fn(head_dim, block_m, block_n, stages, warps)
+            print(f"{label}d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe(kernel)}",
+                  flush=True)
     print(f"triton {triton.__version__}")
 
 

@@ -162,6 +162,23 @@ def test_gpu_gluon_backward_matches_float64(seq_len, head_dim, dtype):
         assert max_err(got, tri) <= 2 * max_err(tri, ref) + floor, (name, max_err(got, tri))
 
 
+def _packed_backward_case(head_dim):
+    """The ViT's strided (B, N, 3, H, d) q, k, v views at N = 301 (ragged tiles), a random dO, the forward's lse, delta,
+    the Triton backward's (dq, dk, dv) and a NaN-filled packed gradient: (q, k, v, do, lse, delta, scale, refs, dqkv)."""
+    from kernels import split_qkv
+    from kernels.flash import op
+
+    qkv = torch.randn(3, 301, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)
+    scale = head_dim ** -0.5
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    out, lse = op._fwd(q, k, v, scale)
+    delta = torch.empty_like(lse)
+    op.launch_preprocess(out, do, delta)
+    refs = op._bwd(do, q, k, v, out, lse, scale)
+    return q, k, v, do, lse, delta, scale, refs, torch.full_like(qkv, float("nan"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_m, block_n, stages, num_warps", [(None, 128, 4, 8), (None, 64, 3, 4), (32, 64, 4, 4)])
 @pytest.mark.parametrize("head_dim", [64, 72])
@@ -171,17 +188,9 @@ def test_gpu_gluon_dkdv_tiles_packed_views_and_given_outputs(block_m, block_n, s
     if not _is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
-    from kernels.flash import gluon_bwd, op
+    from kernels.flash import gluon_bwd
 
-    qkv = torch.randn(3, 301, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
-    q, k, v = split_qkv(qkv)
-    scale = head_dim ** -0.5
-    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    out, lse = op._fwd(q, k, v, scale)
-    delta = torch.empty_like(lse)
-    op.launch_preprocess(out, do, delta)
-    _, dk_ref, dv_ref = op._bwd(do, q, k, v, out, lse, scale)
-    dqkv = torch.full_like(qkv, float("nan"))
+    q, k, v, do, lse, delta, scale, (_, dk_ref, dv_ref), dqkv = _packed_backward_case(head_dim)
     _, dk, dv = split_qkv(dqkv)
     gluon_bwd.dkdv(q, k, v, do, lse, delta, scale, dk, dv, block_m, block_n, stages, num_warps)
     assert torch.isnan(dqkv[:, :, 0]).all(), "wrote outside dk and dv"
@@ -205,17 +214,9 @@ def test_gpu_gluon_dq_tiles_packed_views_and_given_output(block_m, block_n, stag
     if not _is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
-    from kernels.flash import gluon_bwd, op
+    from kernels.flash import gluon_bwd
 
-    qkv = torch.randn(3, 301, 3, 4, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d)
-    q, k, v = split_qkv(qkv)
-    scale = head_dim ** -0.5
-    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    out, lse = op._fwd(q, k, v, scale)
-    delta = torch.empty_like(lse)
-    op.launch_preprocess(out, do, delta)
-    dq_ref = op._bwd(do, q, k, v, out, lse, scale)[0]
-    dqkv = torch.full_like(qkv, float("nan"))
+    q, k, v, do, lse, delta, scale, (dq_ref, _, _), dqkv = _packed_backward_case(head_dim)
     dq = split_qkv(dqkv)[0]
     gluon_bwd.dq_grad(q, k, v, do, lse, delta, scale, dq, block_m, block_n, stages, num_warps)
     assert torch.isnan(dqkv[:, :, 1:]).all(), "wrote outside dq"

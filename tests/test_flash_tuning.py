@@ -98,7 +98,7 @@ class _FakeGPU:
 
     def __init__(self, kernel_ms, host_ms, cycles_per_ms=2e6):
         self.host, self.gpu, self.kernel_ms, self.host_ms = 0.0, 0.0, kernel_ms, host_ms
-        self.cycles_per_ms, self.sleeps, self.launches = cycles_per_ms, [], 0
+        self.cycles_per_ms, self.launches = cycles_per_ms, 0
         gpu = self
 
         class Event:
@@ -123,7 +123,6 @@ class _FakeGPU:
         return self.host / 1e3
 
     def sleep(self, cycles):
-        self.sleeps.append(cycles)
         self._run(cycles / self.cycles_per_ms)
 
     def launch(self):
