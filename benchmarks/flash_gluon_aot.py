@@ -39,7 +39,9 @@ def _compile(fn, const: dict, pointers: dict, num_warps: int):
 
 
 def _const(head_dim, block_m, block_n, stages, num_warps) -> dict:
-    return {"HEAD_DIM": head_dim, "D": max(16, triton.next_power_of_2(head_dim)), "BLOCK_M": block_m,
+    from kernels.flash.configs import head_dim_padded
+
+    return {"HEAD_DIM": head_dim, "D": head_dim_padded(head_dim), "BLOCK_M": block_m,
             "BLOCK_N": block_n, "STAGES": stages, "num_warps": num_warps}
 
 

@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_wait
 
+from .configs import head_dim_padded
 from .gluon_fwd import (
     _head,
     _issue_pair,
@@ -38,6 +39,7 @@ from .gluon_fwd import (
     _program_tile,
     _wait_tile,
     check_inputs,
+    check_tensors,
 )
 from .kernels import LOG2E
 
@@ -174,7 +176,7 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
     flash_bwd_dkdv_gluon_kernel[grid](
         q, k, v, do, dk, dv, lse, delta, softmax_scale, softmax_scale * LOG2E,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], H, N,
-        HEAD_DIM=d, D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        HEAD_DIM=d, D=head_dim_padded(d), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
     return dk, dv
 
@@ -258,7 +260,7 @@ def dq_grad(q, k, v, do, lse, delta, softmax_scale: float, dq=None, block_m: int
     flash_bwd_dq_gluon_kernel[grid](
         q, k, v, do, dq, lse, delta, softmax_scale, softmax_scale * LOG2E,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3], H, N,
-        HEAD_DIM=d, D=max(16, triton.next_power_of_2(d)), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
+        HEAD_DIM=d, D=head_dim_padded(d), BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
     return dq
 
@@ -268,7 +270,7 @@ def bwd(do, q, k, v, out, lse, softmax_scale: float):
     two Gluon kernels at their default tiles. Arguments as :func:`dkdv`; ``out`` (B, H, N, d) like q."""
     from . import op
 
-    check_inputs((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale, 4, 64, 64, 3, 0)  # tensors; tiles: below
+    check_tensors((("q", q), ("k", k), ("v", v), ("do", do)), softmax_scale)  # the tiles: dkdv's and dq_grad's
     _check_stats_and_outputs(q, lse, lse, (("out", out),))  # before the preprocess kernel reads out, writes delta
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     op.launch_preprocess(out, do, delta, direct=True)

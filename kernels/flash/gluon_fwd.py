@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from .configs import _next_power_of_2, head_dim_padded
 from .kernels import LOG2E
 
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6 names it thread_barrier, 3.8 barrier
@@ -197,10 +198,9 @@ def flash_fwd_gluon_kernel(
 SHARED_MEMORY = 232448  # bytes of shared memory one CTA may use on an H100/H200 (227 KiB)
 
 
-def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages, shared_tiles) -> None:
-    """The Gluon kernels' argument checks: ``named`` (name, tensor) pairs of one (B, H, N, d) shape and 16-bit dtype
-    on a Hopper GPU, d ≤ 128, 16-byte rows; block_rows (the products' M) a multiple of 16·num_warps, block_cols of 16;
-    ``shared_tiles`` rows of padded head_dim in shared memory within :data:`SHARED_MEMORY`.
+def check_tensors(named, softmax_scale) -> None:
+    """``named`` (name, tensor) pairs of one (B, H, N, d) shape and 16-bit dtype on a Hopper GPU, d ≤ 128, rows on
+    16-byte boundaries; a positive ``softmax_scale``.
 
     Raises:
         RuntimeError: the tensors are not on a Hopper (compute capability 9.0) GPU.
@@ -220,17 +220,22 @@ def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages
             raise ValueError(f"gluon flash kernels: {name} needs a last stride of 1, the other strides multiples of 8 "
                              f"elements and a 16-byte aligned start (strides {t.stride()}); .contiguous() on a "
                              "head_dim that is a multiple of 8 gives that")
-    def power_of_2(n):
-        return n > 0 and n & (n - 1) == 0
+    if not softmax_scale > 0:
+        raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
 
-    if (num_warps % 4 or block_rows % (16 * num_warps) or not power_of_2(block_rows) or block_rows > 256
-            or not power_of_2(block_cols) or not 16 <= block_cols <= 128 or stages < 3):
+
+def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages, shared_tiles) -> None:
+    """:func:`check_tensors`, and the tiles: block_rows (the products' M) a power of two ≤ 256 and a multiple of
+    16·num_warps, block_cols a power of two in [16, 128], ``shared_tiles`` rows of padded head_dim in shared memory
+    within :data:`SHARED_MEMORY`. Raises as :func:`check_tensors`."""
+    check_tensors(named, softmax_scale)
+    if (num_warps % 4 or block_rows % (16 * num_warps) or block_rows != _next_power_of_2(block_rows)
+            or block_rows > 256 or block_cols != _next_power_of_2(block_cols) or not 16 <= block_cols <= 128
+            or stages < 3):
         raise ValueError(f"gluon flash kernels: num_warps={num_warps} must be a multiple of 4, the row tile "
                          f"{block_rows} a power of two ≤ 256 and a multiple of 16·num_warps, the column tile "
                          f"{block_cols} a power of two in [16, 128], and stages={stages} at least 3")
-    if not softmax_scale > 0:
-        raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
-    shared = shared_tiles * max(16, triton.next_power_of_2(shape[-1])) * 2
+    shared = shared_tiles * head_dim_padded(named[0][1].shape[-1]) * 2
     if shared > SHARED_MEMORY:
         raise ValueError(f"gluon flash kernels: these tiles and stages take {shared} bytes of shared memory, more than "
                          f"a Hopper CTA's {SHARED_MEMORY}: use smaller tiles or fewer stages")
@@ -254,7 +259,7 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
     check_inputs((("q", q), ("k", k), ("v", v)), softmax_scale, num_warps, block_m, block_n, stages,
                  block_m + 2 * stages * block_n)
     B, H, N, d = q.shape
-    D = max(16, triton.next_power_of_2(d))
+    D = head_dim_padded(d)
     out = torch.empty((B, N, H, d), dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, N, d)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(N, block_m) * B * H,)
