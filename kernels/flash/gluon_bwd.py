@@ -1,5 +1,5 @@
 """The flash backward for Hopper in Gluon, dK/dV and dQ kernels with the elementwise work under the products
-(experimental, not wired, not GPU-run).
+(experimental, not wired: on the H200 1.12-1.56× the Triton kernels' time at d = 64, benchmarks/results/h200_20261202_e.md).
 
 Dao, 2023, "FlashAttention-2", Algorithm 2 (the dK, dV half: a program owns a key tile and loops over the query
 tiles), with FlashAttention-3's overlap (Shah et al., 2024, Section 3.2) applied to the backward: per query tile i
@@ -54,7 +54,8 @@ def _row_stats(Lse, Delta, off_bh, row0, N, BLOCK_M: gl.constexpr, layout: gl.co
     return lse, gl.load(Delta + offs, mask=rows < N, other=0.0)
 
 
-@gluon.jit
+# N unspecialised: Triton would make N = 1 a constant, which fails an LLVM assertion in Triton 3.6 (GPU tests).
+@gluon.jit(do_not_specialize=["N"])
 def flash_bwd_dkdv_gluon_kernel(
     Q, K, V, DO, DK, DV, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -181,7 +182,8 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
     return dk, dv
 
 
-@gluon.jit
+# N unspecialised: Triton would make N = 1 a constant, which fails an LLVM assertion in Triton 3.6 (GPU tests).
+@gluon.jit(do_not_specialize=["N"])
 def flash_bwd_dq_gluon_kernel(
     Q, K, V, DO, DQ, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
