@@ -1,4 +1,5 @@
-"""Profile target: the Gluon forward (128, 64, 3, 8) and the Triton forward, once each after warm-up."""
+"""Profile target (run from the repository root with PYTHONPATH=. under ncu --profile-from-start off, args B H N d):
+the Gluon forward (128, 64, 3, 8) and the Triton forward, once each after warm-up."""
 import sys
 
 import torch
