@@ -34,6 +34,7 @@ from .gluon_fwd import (
     _head,
     _issue_pair,
     _issue_tile,
+    _kernel,
     _load_layout,
     _mma_layout,
     _program_tile,
@@ -54,8 +55,7 @@ def _row_stats(Lse, Delta, off_bh, row0, N, BLOCK_M: gl.constexpr, layout: gl.co
     return lse, gl.load(Delta + offs, mask=rows < N, other=0.0)
 
 
-# N unspecialised: Triton would make N = 1 a constant, which fails an LLVM assertion in Triton 3.6 (GPU tests).
-@gluon.jit(do_not_specialize=["N"])
+@_kernel
 def flash_bwd_dkdv_gluon_kernel(
     Q, K, V, DO, DK, DV, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -182,8 +182,7 @@ def dkdv(q, k, v, do, lse, delta, softmax_scale: float, dk=None, dv=None, block_
     return dk, dv
 
 
-# N unspecialised: Triton would make N = 1 a constant, which fails an LLVM assertion in Triton 3.6 (GPU tests).
-@gluon.jit(do_not_specialize=["N"])
+@_kernel
 def flash_bwd_dq_gluon_kernel(
     Q, K, V, DO, DQ, Lse, Delta, softmax_scale, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,

@@ -19,8 +19,8 @@ Masked loads zero rows past N and columns past head_dim; scores of keys past N a
 
 Contract as :func:`kernels.flash.op._fwd`: q, k, v ``(B, H, N, d)`` float16/bfloat16, d ≤ 128, last stride 1 and the
 others multiples of 8 elements, ``softmax_scale``; returns ``out`` (B, H, N, d) laid out as (B, N, H, d) and the natural-log ``lse``
-(B, H, N) float32. Needs a Hopper GPU (sm_90). On the H200 it
-matches float64 (tests/test_flash_gluon.py) and took 1.17-1.41× the Triton forward's time at N = 197-16384, d = 64
+(B, H, N) float32. Needs a Hopper GPU (sm_90). On the H200 it matches float64
+(tests/test_flash_gluon.py) and took 1.17-1.41× the Triton forward's time at N = 197-16384, d = 64
 (benchmarks/results/h200_20261202_e.md), so it is not wired.
 """
 from __future__ import annotations
@@ -36,6 +36,9 @@ from .configs import _next_power_of_2, head_dim_padded
 from .kernels import LOG2E
 
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6 names it thread_barrier, 3.8 barrier
+# The kernels' decorator: N unspecialised, since Triton would make N = 1 a constant, which fails an LLVM assertion in
+# Triton 3.6 (the N = 1 GPU tests).
+_kernel = gluon.jit(do_not_specialize=["N"])
 
 
 @gluon.constexpr_function
@@ -115,8 +118,7 @@ def _softmax_step(s, m_i, l_i, start_n, N, qk_scale, BLOCK_N: gl.constexpr, s_la
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
-# N unspecialised: Triton would make N = 1 a constant, which fails an LLVM assertion in Triton 3.6 (GPU tests).
-@gluon.jit(do_not_specialize=["N"])
+@_kernel
 def flash_fwd_gluon_kernel(
     Q, K, V, Out, Lse, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
