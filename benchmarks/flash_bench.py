@@ -5,6 +5,7 @@
     python3 benchmarks/flash_bench.py --sweep    # time wider config lists per kernel (tuning the lists)
     python3 benchmarks/flash_bench.py --fp32-delta   # the table with flash's fp32_delta option as a fourth row
     python3 benchmarks/flash_bench.py --gluon    # the Gluon kernels (Hopper) beside ours and, forward, cuDNN's
+    python3 benchmarks/flash_bench.py --gluon-ws # the Gluon TMA producer-warp forward's tiles beside ours and cuDNN's
 
 FLOPs: forward 4·B·H·N²·d, forward+backward 3.5× that. Each time is the median of 20 CUDA-event
 timings after 3 warm-ups (events back to back, one sync at the end: GPU time, host launch cost
@@ -146,6 +147,10 @@ def table(shapes, fp32_delta=False):
 
 
 GLUON_TILES = [(128, 64, 3, 8), (128, 128, 3, 8), (64, 64, 4, 4), (128, 64, 4, 8)]  # block_m, block_n, stages, warps
+# The TMA producer-warp forward: block_m, block_n, stages, compute warps, register cap (None: one CTA an SM; 128 lets
+# two 4-warp CTAs share an SM, 80 three).
+GLUON_WS_TILES = [(128, 128, 3, 8, None), (64, 128, 2, 4, 128), (64, 128, 3, 4, 128), (64, 64, 3, 4, 104),
+                  (64, 64, 3, 4, 80), (64, 64, 4, 4, 80), (64, 32, 4, 4, 80)]
 GLUON_DKDV_TILES = [(None, 128, 3, 8), (None, 64, 3, 4), (None, 128, 4, 8)]  # block_m (None: by d), block_n, ...
 GLUON_DQ_TILES = [(128, 64, 3, 8), (128, 64, 4, 8), (64, 64, 3, 4)]  # block_m, block_n, stages, warps
 
@@ -169,6 +174,23 @@ def gluon_table(shapes):
     only). The Triton dQ kernel's time includes forming delta, which the Gluon one reads."""
     for shape in shapes:
         _gluon_shape(shape)
+
+
+def gluon_ws_table(shapes):
+    """kernels/flash/gluon_ws.py's forward at several tiles beside ours (Triton) and cuDNN's, on the same rotated
+    inputs, with each result's largest difference from ours (Hopper only)."""
+    from kernels.flash import attention, gluon_ws
+
+    cudnn = _sdpa("CUDNN_ATTENTION")
+    for shape in shapes:
+        B, H, N, d = shape
+        sets = [[torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+                for _ in range(_n_sets(shape))]
+        fwd = {"flash (ours)": lambda s: (attention(*s),), "sdpa cudnn": lambda s: (cudnn(*s),)}
+        for t in GLUON_WS_TILES:
+            fwd[f"gluon-ws {t}"] = lambda s, t=t, scale=d ** -0.5: (gluon_ws.fwd(*s, scale, *t)[0],)
+        cells = _gluon_cells(fwd, sets, 4 * B * H * N * N * d, fwd["flash (ours)"](sets[0]))
+        print(f"gluon-ws forward {shape}: {cells}", flush=True)
 
 
 def _gluon_shape(shape):
@@ -382,6 +404,7 @@ def main():
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
     parser.add_argument("--gluon", action="store_true", help="time the Gluon kernels' tiles (Hopper) instead")
+    parser.add_argument("--gluon-ws", action="store_true", help="time the Gluon TMA producer-warp forward instead")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("flash_bench.py needs a CUDA GPU")
@@ -396,7 +419,9 @@ def main():
         compile_parallel(sorted(set(jobs), key=lambda j: -j[2][-1]))
     if args.sweep:
         sweep([k for k in args.kernels.split(",") if k])
-    if args.gluon:
+    if args.gluon_ws:
+        gluon_ws_table(SHAPES)
+    elif args.gluon:
         gluon_table(SHAPES)
     elif not args.no_table:
         table(SHAPES, args.fp32_delta)

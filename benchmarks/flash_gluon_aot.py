@@ -2,6 +2,7 @@
 spills, and whether the softmax's exponentials sit between the wait for S and the wait for the P·V product.
 
     python -m benchmarks.flash_gluon_aot        # with TRITON_INTERPRET unset
+    python -m benchmarks.flash_gluon_aot --ws   # the TMA producer-warp forward (kernels.flash.gluon_ws) instead
 
 ``sass order`` is the order of the wgmma waits (W1: all but one product done, W0: all) and of the runs of exponentials
 (EXP) in the machine code: ``W1 EXP W0`` in the loop means the exponentials of tile j run while P_{j-1}·V_{j-1} is
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -20,12 +22,13 @@ from benchmarks.flash_aot import registers_and_sass
 CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (80, 128, 64, 3, 8), (72, 128, 64, 3, 8),
          (64, 64, 64, 4, 4)]  # d, tiles, stages, warps
 BWD_CASES = [(64, 64, 128, 3, 8), (128, 32, 128, 3, 8), (64, 64, 64, 3, 4), (72, 32, 128, 3, 8)]  # d, query and key tiles, stages, warps
+WS_CASES = [(64, 128, 128, 2, 8), (64, 128, 64, 3, 8), (128, 128, 64, 2, 8), (80, 128, 128, 2, 8)]
 DQ_CASES = [(64, 128, 64, 3, 8), (128, 128, 64, 3, 8), (72, 128, 64, 3, 8)]  # d, query and key tiles, stages, warps
 
 
 def _compile(fn, const: dict, pointers: dict, num_warps: int):
-    """``fn`` compiled for sm_90 with ``const`` constexprs, ``pointers`` dtypes, other arguments i32 (fp32 for the
-    scales): a ``CompiledKernel``. The pointers are marked divisible by 16, as the JIT marks them; the strides are
+    """``fn`` compiled for sm_90 with ``const`` constexprs, ``pointers`` dtypes (or TMA descriptor types), other
+    arguments i32 (fp32 for the scales): a ``CompiledKernel``. The pointers are marked divisible by 16, as the JIT marks them; the strides are
     marked only where head_dim is a multiple of 16 (at d = 72 and odd N the JIT sees no multiple of 16 in them)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -52,6 +55,32 @@ def compile_forward(head_dim: int, block_m: int, block_n: int, stages: int, num_
     pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32"}
     return _compile(gluon_fwd.flash_fwd_gluon_kernel, _const(head_dim, block_m, block_n, stages, num_warps),
                     pointers, num_warps)
+
+
+def compile_ws(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
+    """The TMA producer-warp forward for sm_90 (bf16), its descriptors' boxes as :func:`gluon_ws.descriptor` makes
+    them."""
+    from triton.experimental.gluon import language as gl
+
+    from kernels.flash import gluon_ws
+    from kernels.flash.configs import head_dim_padded
+
+    def desc(rows):
+        box = [1, 1, rows, head_dim_padded(head_dim)]
+        return f"tensordesc<bf16{box},{gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16)!r}>"
+
+    pointers = {"desc_q": desc(block_m), "desc_k": desc(block_n), "desc_v": desc(block_n), "Out": "*bf16",
+                "Lse": "*fp32"}
+    return _compile(gluon_ws.flash_fwd_ws_kernel, _const(head_dim, block_m, block_n, stages, num_warps), pointers,
+                    num_warps)
+
+
+def describe_ws(kernel) -> str:
+    """Registers, spill stores, shared bytes, HGMMA and UTMALDG in the SASS, and the setmaxnreg counts."""
+    regs, sass = registers_and_sass(kernel)
+    counts = sorted({int(n, 16) for n in re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:UP\d, )?(0x[0-9a-f]+)", sass)})
+    return (f"{regs} registers, {sass.count('STL')} spill stores, {kernel.metadata.shared} B shared, "
+            f"HGMMA {'HGMMA' in sass}, UTMALDG {'UTMALDG' in sass}, setmaxnreg {counts}")
 
 
 def compile_dq(head_dim: int, block_m: int, block_n: int, stages: int, num_warps: int):
@@ -94,6 +123,13 @@ def describe(kernel) -> str:
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter compiles nothing")
+    if "--ws" in sys.argv[1:]:
+        for head_dim, block_m, block_n, stages, warps in WS_CASES:
+            kernel = compile_ws(head_dim, block_m, block_n, stages, warps)
+            print(f"ws d={head_dim} tiles=({block_m},{block_n}) stages={stages} warps={warps}: {describe_ws(kernel)}",
+                  flush=True)
+        print(f"triton {triton.__version__}")
+        return
     for label, compile_fn, cases in (("", compile_forward, CASES), ("dkdv ", compile_dkdv, BWD_CASES),
                                      ("dq ", compile_dq, DQ_CASES)):
         for head_dim, block_m, block_n, stages, warps in cases:

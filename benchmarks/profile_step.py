@@ -3,6 +3,7 @@
     python -m benchmarks.profile_step                                  # ViT-B/16, 224 px, batch 256, flash, compiled
     python -m benchmarks.profile_step --attention sdpa --eager --batch-size 64
     python -m benchmarks.profile_step --timm                           # timm's ViT with its fused SDPA
+    python -m benchmarks.profile_step --model vit_base_patch16_1024 --top 12   # and its 12 longest kernels
 
 The step is benchmarks/train.py's (bf16 autocast, cross-entropy, backward, fused AdamW) on synthetic
 data on the GPU. After warm-up (which includes compilation), ``--steps`` steps are profiled and each CUDA
@@ -37,8 +38,9 @@ def bucket(name: str) -> str:
     return "other"
 
 
-def profile(model, opt, x, y, steps: int) -> tuple[dict[str, float], float]:
-    """-> (bucket -> kernel ms per step, wall ms per step) over ``steps`` profiled steps."""
+def profile(model, opt, x, y, steps: int) -> tuple[dict[str, float], float, list[tuple[str, float, float]]]:
+    """-> (bucket -> kernel ms per step, wall ms per step, (kernel, ms per step, launches per step) longest first)
+    over ``steps`` profiled steps."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -50,11 +52,14 @@ def profile(model, opt, x, y, steps: int) -> tuple[dict[str, float], float]:
         torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3 / steps
     totals: dict[str, float] = {}
+    kernels = []
     for event in prof.key_averages():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             label = bucket(event.key)
-            totals[label] = totals.get(label, 0.0) + event.device_time_total / 1e3 / steps
-    return totals, wall
+            ms = event.device_time_total / 1e3 / steps
+            totals[label] = totals.get(label, 0.0) + ms
+            kernels.append((event.key, ms, event.count / steps))
+    return totals, wall, sorted(kernels, key=lambda kernel: -kernel[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--top", type=int, default=0, help="also list this many of the longest kernels")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.profile_step profiles CUDA kernels; run it on a machine with a CUDA GPU")
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     x, y = torch.randn(B, 3, S, S, device="cuda"), torch.randint(0, 1000, (B,), device="cuda")
     for _ in range(args.warmup):
         train_step(step_model, opt, x, y, None, "cuda")
-    totals, wall = profile(step_model, opt, x, y, args.steps)
+    totals, wall, kernels = profile(step_model, opt, x, y, args.steps)
     kernel = sum(totals.values())
     what = "timm + SDPA" if args.timm else f"ours, {args.attention}"
     print(f"{args.model}, batch {B}, {what}, {'eager' if args.eager else 'compiled'}: "
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     for label, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {label:50s} {ms:7.2f} ms  {100 * ms / kernel:5.1f} %")
     print(f"  {'GPU idle (wall - kernels)':50s} {wall - kernel:7.2f} ms")
+    for name, ms, calls in kernels[:args.top]:
+        print(f"  {ms:7.2f} ms  {calls:4.0f}×  {bucket(name)[:12]:12s}  {name[:110]}")
 
 
 if __name__ == "__main__":

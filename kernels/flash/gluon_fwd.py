@@ -229,17 +229,17 @@ def check_tensors(named, softmax_scale) -> None:
         raise ValueError(f"gluon flash kernels: softmax_scale must be positive, got {softmax_scale}")
 
 
-def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages, shared_tiles) -> None:
+def check_inputs(named, softmax_scale, num_warps, block_rows, block_cols, stages, shared_tiles, min_stages=3) -> None:
     """:func:`check_tensors`, and the tiles: block_rows (the products' M) a power of two ≤ 256 and a multiple of
-    16·num_warps, block_cols a power of two in [16, 128], ``shared_tiles`` rows of padded head_dim in shared memory
-    within :data:`SHARED_MEMORY`. Raises as :func:`check_tensors`."""
+    16·num_warps, block_cols a power of two in [16, 128], at least ``min_stages`` stages, ``shared_tiles`` rows of
+    padded head_dim in shared memory within :data:`SHARED_MEMORY`. Raises as :func:`check_tensors`."""
     check_tensors(named, softmax_scale)
     if (num_warps % 4 or block_rows % (16 * num_warps) or block_rows != _next_power_of_2(block_rows)
             or block_rows > 256 or block_cols != _next_power_of_2(block_cols) or not 16 <= block_cols <= 128
-            or stages < 3):
+            or stages < min_stages):
         raise ValueError(f"gluon flash kernels: num_warps={num_warps} must be a multiple of 4, the row tile "
                          f"{block_rows} a power of two ≤ 256 and a multiple of 16·num_warps, the column tile "
-                         f"{block_cols} a power of two in [16, 128], and stages={stages} at least 3")
+                         f"{block_cols} a power of two in [16, 128], and stages={stages} at least {min_stages}")
     shared = shared_tiles * head_dim_padded(named[0][1].shape[-1]) * 2
     if shared > SHARED_MEMORY:
         raise ValueError(f"gluon flash kernels: these tiles and stages take {shared} bytes of shared memory, more than "

@@ -1,0 +1,3 @@
+source .device/common.sh
+phase train_X1 520 python3 -m benchmarks.train --preset range --models vit_base_patch16_224_b16 vit_base_patch16_224_b64 --eager timm flash --compiled timm flash --rounds 4 --max-minutes 8.5 --out $OUT --name train_range_X1
+cd $OUT && tar czf all.tgz *.log *.txt *.md *.json 2>/dev/null; cat phases.txt
