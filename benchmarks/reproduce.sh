@@ -11,8 +11,8 @@
 #   train      ViT-S/16, ViT-B/16 and ViT-B/16 at 384 px, ours (flash) beside timm, eager and compiled
 #              (train_vit); what is alive at ViT-B/16's memory peak (train_vitb_memory_peak); ViT-B/16 across
 #              the range in interleaved rounds: batch 16 and 64, batch 256, 512 and 1024 px
-#              (train_small_batch_rounds, train_b256_rounds, train_hires_rounds); the input pipeline with 8 and
-#              15 workers (input_pipeline)
+#              (train_small_batch_rounds, train_b256_rounds, train_hires_rounds), and all of it in one run
+#              (train_range); the input pipeline with 8 and 15 workers (input_pipeline)
 #   scale      train.py itself (scale): flash eager and compiled, cuda, DDP and FSDP2 on 2 GPUs, 1024 px with
 #              and without grad_ckpt, naive at 1024 px (stops with the out-of-memory message). The 2-process
 #              rows need 2 GPUs; with one they say "not run".
@@ -28,7 +28,7 @@ OUT=${OUT:-outputs/benchmarks}
 PYTHON=${PYTHON:-python}
 FLASH_BENCH_STEPS="flash_bench flash_bench_fp32_delta"
 PARTS_attention="cuda_build attention_baseline attention_baseline_packed attention_full attention_vit_lengths launch_overhead launch_overhead_profile $FLASH_BENCH_STEPS"
-PARTS_train="train_vit train_vitb_memory_peak train_small_batch_rounds train_b256_rounds train_hires_rounds input_pipeline"
+PARTS_train="train_vit train_vitb_memory_peak train_small_batch_rounds train_b256_rounds train_hires_rounds train_range input_pipeline"
 PARTS_scale="scale"
 PARTS_all="$PARTS_attention $PARTS_train $PARTS_scale"
 
@@ -87,6 +87,10 @@ train_b256_rounds() {
 train_hires_rounds() {
   run train_hires_rounds "$PYTHON" -m benchmarks.train --models vit_base_patch16_512 vit_base_patch16_1024 \
     --eager timm flash --compiled timm flash --rounds 2 --steps 30 --max-minutes inf --out "$OUT" --name train_hires_rounds
+}
+train_range() {
+  run train_range "$PYTHON" -m benchmarks.train --preset range --eager timm flash --compiled timm flash --rounds 4 \
+    --max-minutes inf --out "$OUT" --name train_range
 }
 input_pipeline() { run input_pipeline "$PYTHON" -m benchmarks.train --input-pipeline --workers 8 15 --out "$OUT"; }
 scale() { "$PYTHON" -m benchmarks.scale --out "$OUT"; }  # writes scale.{md,json,log} itself

@@ -358,7 +358,7 @@ def test_reproduce_sh_calls_each_benchmark_with_arguments_it_accepts(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = [shlex.split(line) for line in record.read_text().splitlines()]
     assert [c[1] for c in calls] == ["kernels.cuda.build"] + ["benchmarks.attention"] * 4 + \
-        ["benchmarks.launch_overhead"] * 2 + ["benchmarks.flash_bench"] * 2 + ["benchmarks.train"] * 6 + \
+        ["benchmarks.launch_overhead"] * 2 + ["benchmarks.flash_bench"] * 2 + ["benchmarks.train"] * 7 + \
         ["benchmarks.scale"]
     for call in calls:
         module = importlib.import_module(call[1])
