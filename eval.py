@@ -123,7 +123,7 @@ def _evaluate(cfg: DictConfig, dist: DistInfo) -> dict:
     model = build_model(margs, backend).to(device)
     load_model_weights(model, state_dict, source=str(path))
 
-    metrics = evaluate(model, loader, device, amp_dtype, reduce=all_reduce_sum)
+    metrics = evaluate(model, loader, device, amp_dtype, reduce=all_reduce_sum, backend=backend)
     metrics.update(backend=backend, checkpoint=str(path), model=margs["size"], device=str(device),
                    world_size=dist.world_size, weights="ema" if cfg.get("use_ema") else "model")
     out_dir = broadcast_object(resolve_out_dir(cfg, "outputs/eval/%Y-%m-%d/%H-%M-%S"))  # rank 0's

@@ -275,7 +275,7 @@ def _train(cfg: DictConfig, dist: DistInfo, out_dir: Path) -> dict:
                 reduce=all_reduce_mean, on_window=data_wait)
             if epoch + 1 < cfg.epochs:
                 data.start_epoch(epoch + 1)  # the next epoch's loading runs while this one validates
-            last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum)
+            last_val = evaluate(model, data.val_loader, device, amp_dtype, reduce=all_reduce_sum, backend=backend)
             last_ema = recipe.evaluate_ema(data.val_loader, device, amp_dtype, reduce=all_reduce_sum)  # {} without EMA
             state.epoch, state.step_in_epoch, state.epoch_loss_sum = epoch + 1, 0, 0.0
             logger.log({**prefixed("val/", last_val), **prefixed("val/ema_", last_ema), "epoch": state.epoch,

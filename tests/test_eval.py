@@ -199,3 +199,19 @@ def test_a_data_name_override_keeps_the_checkpoints_image_size():
     cfg.data.img_size = 48
     assert eval_data_config(cfg, run_cfg).img_size == 48
     assert eval_data_config(cfg, OmegaConf.create({})).img_size == 48
+
+
+def test_eval_out_of_memory_gets_the_clear_message(setup, monkeypatch):
+    """A forward that asks the CPU allocator for more than the machine has: the message names the backend, N and the
+    batch, as training's does."""
+    from vit.engine import EvalOutOfMemoryError
+    from vit.model import VisionTransformer
+
+    monkeypatch.setattr(VisionTransformer, "forward", lambda self, x: torch.empty(1 << 60, dtype=torch.uint8))  # 1 EiB
+    cfg = compose_cfg("eval", [f"checkpoint={setup['run']['checkpoint']}", "logger=none", "attention=naive",
+                               f"out_dir={setup['tmp'] / 'oom'}"])
+    with pytest.raises(EvalOutOfMemoryError) as error:
+        evaluate_checkpoint(cfg)
+    assert str(error.value).startswith("out of memory evaluating on cpu: attention=naive, N=")
+    assert "use attention=flash" in str(error.value) and "smaller batch_size" in str(error.value)
+    assert "DefaultCPUAllocator: can't allocate memory" in str(error.value.__cause__)

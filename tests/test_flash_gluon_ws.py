@@ -17,9 +17,11 @@ import torch
 from conftest import make_qkv, max_err
 from test_flash_gluon import _check_forward, _is_hopper
 
-from benchmarks.flash_bench import GLUON_WS_TILES
-
 ROOT = Path(__file__).parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x` from the repo root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.flash_bench import GLUON_WS_TILES
 
 
 def test_the_ws_forward_compiles_for_sm90_with_tma_and_a_producer_warp():

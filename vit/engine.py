@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from vit.checkpoint import crash_point
-from vit.wrap import gradient_sync
+from vit.wrap import gradient_sync, unwrap
 
 
 @dataclass
@@ -63,6 +63,19 @@ def oom_message(backend: str, seq_len: int, micro_batch: int, world_size: int, g
                "(memory linear in N), " if backend == "naive" else "Try ")
             + "grad_ckpt=true (recompute each block in the backward), or a smaller batch_size "
               "(or grad_accum > 1 at the same batch_size)")
+
+
+class EvalOutOfMemoryError(torch.OutOfMemoryError):
+    """An evaluation batch ran out of GPU or CPU memory; the message says with which backend, N and batch, and what
+    to change."""
+
+
+def eval_oom_message(backend: str, seq_len: int, batch: int, device) -> str:
+    """The explanation :class:`EvalOutOfMemoryError` carries."""
+    return (f"out of memory evaluating on {device}: attention={backend}, N={seq_len} tokens, batch {batch} per "
+            "process. " + ("attention=naive stores the full (B, H, N, N) score matrix per layer; use attention=flash "
+                           "(memory linear in N) or attention=sdpa, or " if backend == "naive" else "Use ")
+            + "a smaller batch_size")
 
 
 def nonfinite_what(loss: float, grad_norm: float) -> str:
@@ -216,11 +229,14 @@ def train_epoch(model, loader, optimizer, scheduler, state: TrainState, *, devic
 
 @torch.no_grad()
 def evaluate(model, loader, device: torch.device, amp_dtype: torch.dtype | None = None,
-             reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> dict:
+             reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t, backend: str = "?") -> dict:
     """Cross-entropy loss, top-1 and top-5 accuracy (%) over ``loader``; images/s and peak memory.
 
     ``reduce`` sums the (loss_sum, correct1, correct5, count) tensor across ranks in distributed
-    runs. Top-5 is top-min(5, num_classes).
+    runs. Top-5 is top-min(5, num_classes). ``backend``: the attention backend's name, for the error below.
+
+    Raises:
+        EvalOutOfMemoryError: the device ran out of memory in a forward (see :func:`eval_oom_message`).
     """
     model.eval()
     memory_peaks_mb(device)  # reset
@@ -231,8 +247,14 @@ def evaluate(model, loader, device: torch.device, amp_dtype: torch.dtype | None 
         if batch is None:  # every image of this batch was a bad file (vit.images.collate_drop_bad)
             continue
         x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-        with autocast(device, amp_dtype):
-            logits = model(x).float()  # (B, num_classes)
+        try:
+            with autocast(device, amp_dtype):
+                logits = model(x).float()  # (B, num_classes)
+        except RuntimeError as e:  # torch.OutOfMemoryError (CUDA) subclasses it; the CPU allocator raises it
+            if not is_out_of_memory(e):
+                raise
+            seq_len = getattr(unwrap(model), "seq_len", "?")
+            raise EvalOutOfMemoryError(eval_oom_message(backend, seq_len, x.shape[0], device)) from e
         top = logits.topk(min(5, logits.shape[1]), dim=1).indices  # (B, k)
         hits = top == y[:, None]
         totals += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(), hits[:, 0].sum().double(),
