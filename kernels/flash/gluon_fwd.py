@@ -118,6 +118,49 @@ def _softmax_step(s, m_i, l_i, start_n, N, qk_scale, BLOCK_N: gl.constexpr, s_la
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
+@gluon.jit
+def _first_tile(q_smem, kT_smem, N, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Tile 0: its scores and softmax, no product with V yet. Returns the zero score tile the later products start
+    from, P (as the P·V operand), m, l and the zero output accumulator."""
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
+    s = warpgroup_mma(q_smem, kT_smem, s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    p, _, m_i, l_i = _softmax_step(s, m_i, l_i, 0, N, qk_scale, BLOCK_N, s_layout)
+    p = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    return s_zero, p, m_i, l_i, gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=o_layout)
+
+
+@gluon.jit
+def _wait_pv(acc_tok, p, qk_scale):
+    """Wait for P·V, keeping p (the product reads its registers) alive until then: ``(acc, p)``. In one basic block
+    ptxas hoists this wait above the exponentials (SASS: DEPBAR gsb0,0 before MUFU.EX2, Triton 3.6 and 3.8); a branch
+    it cannot see through keeps it after them. qk_scale > 0 always (the launchers check softmax_scale)."""
+    if qk_scale > 0.0:
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))
+    else:
+        p, acc = warpgroup_mma_wait(num_outstanding=0, deps=(p, acc_tok))
+    return acc, p
+
+
+@gluon.jit
+def _store_out_lse(acc, m_i, l_i, Out, Lse, off_bh, off_b, off_h, row0, N, stride_ob, stride_oh, stride_on,
+                   HEAD_DIM: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr):
+    """out = acc / l (rows past N and columns past head_dim not stored) and the natural-log lse of the tile's rows."""
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = (acc / l_o[:, None]).to(Out.dtype.element_ty)
+    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None].to(gl.int64) * stride_on + cols[None, :]
+    gl.store(o_ptrs, out, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
+    lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
+    gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
+
+
 @_kernel
 def flash_fwd_gluon_kernel(
     Q, K, V, Out, Lse, qk_scale,
@@ -157,14 +200,8 @@ def flash_fwd_gluon_kernel(
     _wait_tile(STAGES)
     _issue_pair(k_smem, v_smem, k_base, v_base, STAGES - 2, n_tiles, N, stride_kn, stride_vn, HEAD_DIM, BLOCK_N, D,
               STAGES, ld_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, N, qk_scale, BLOCK_N, s_layout)
-    p = gl.convert_layout(p.to(dtype), p_layout)
-    acc = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=o_layout)
+    s_zero, p, m_i, l_i, acc = _first_tile(q_smem, k_smem.index(0).permute((1, 0)), N, qk_scale, BLOCK_M, BLOCK_N, D,
+                                           s_layout, o_layout, p_layout)
 
     for j in range(1, n_tiles):
         # After the barrier every warp has waited for P_{j-2} V_{j-2}: tile j − 2's slot takes tile j + STAGES − 2.
@@ -175,29 +212,15 @@ def flash_fwd_gluon_kernel(
         acc_tok = warpgroup_mma(p, v_smem.index((j - 1) % STAGES), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
         p_new, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, N, qk_scale, BLOCK_N, s_layout)
-        # Wait for P·V, keeping p (the product reads its registers) alive until then. In one basic block ptxas hoists
-        # this wait above the exponentials (SASS: DEPBAR gsb0,0 before MUFU.EX2, Triton 3.6 and 3.8); a branch it
-        # cannot see through keeps it after them. qk_scale > 0 always (fwd checks softmax_scale).
-        if qk_scale > 0.0:
-            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))
-        else:
-            p, acc = warpgroup_mma_wait(num_outstanding=0, deps=(p, acc_tok))
+        acc, p = _wait_pv(acc_tok, p, qk_scale)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = gl.convert_layout(p_new.to(dtype), p_layout)
 
     acc = warpgroup_mma(p, v_smem.index((n_tiles - 1) % STAGES), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     cp.wait_group(0)
-
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = (acc / l_o[:, None]).to(dtype)
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None].to(gl.int64) * stride_on + cols[None, :]
-    gl.store(o_ptrs, out, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
-    lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
-    gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
+    _store_out_lse(acc, m_i, l_i, Out, Lse, off_bh, off_b, off_h, row0, N, stride_ob, stride_oh, stride_on, HEAD_DIM, D,
+                   BLOCK_M, s_layout, o_layout)
 
 
 SHARED_MEMORY = 232448  # bytes of shared memory one CTA may use on an H100/H200 (227 KiB)

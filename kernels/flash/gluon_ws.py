@@ -31,7 +31,17 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .configs import head_dim_padded
-from .gluon_fwd import _cta_barrier, _kernel, _mma_layout, _program_tile, _softmax_step, check_inputs
+from .gluon_fwd import (
+    _cta_barrier,
+    _first_tile,
+    _kernel,
+    _mma_layout,
+    _program_tile,
+    _softmax_step,
+    _store_out_lse,
+    _wait_pv,
+    check_inputs,
+)
 from .kernels import LOG2E
 
 PRODUCER_REGISTERS = gl.constexpr(24)  # the load warp holds a few indices and barrier phases
@@ -79,17 +89,10 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, Out, Lse, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q = q_smem.reshape([BLOCK_M, D])
 
-    # Tile 0: its scores and softmax, no product with V yet.
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], dtype=gl.float32, layout=s_layout)
     mbarrier.wait(q_bar, 0)
     mbarrier.wait(k_ready.index(0), 0)
-    s = warpgroup_mma(q, _tile(k_smem, 0, BLOCK_N, D).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, N, qk_scale, BLOCK_N, s_layout)
-    p = gl.convert_layout(p.to(dtype), p_layout)
-    acc = gl.zeros([BLOCK_M, D], dtype=gl.float32, layout=o_layout)
+    s_zero, p, m_i, l_i, acc = _first_tile(q, _tile(k_smem, 0, BLOCK_N, D).permute((1, 0)), N, qk_scale, BLOCK_M,
+                                           BLOCK_N, D, s_layout, o_layout, p_layout)
 
     for j in range(1, n_tiles):
         slot, prev = j % STAGES, (j - 1) % STAGES
@@ -100,11 +103,7 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, Out, Lse, 
         acc_tok = warpgroup_mma(p, _tile(v_smem, prev, BLOCK_N, D), acc, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
         p_new, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BLOCK_N, N, qk_scale, BLOCK_N, s_layout)
-        # The branch keeps ptxas from hoisting the wait for P·V above the exponentials (as in gluon_fwd).
-        if qk_scale > 0.0:
-            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc_tok, p))
-        else:
-            p, acc = warpgroup_mma_wait(num_outstanding=0, deps=(p, acc_tok))
+        acc, p = _wait_pv(acc_tok, p, qk_scale)
         _release(empty, prev)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p = gl.convert_layout(p_new.to(dtype), p_layout)
@@ -113,16 +112,8 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, empty, Out, Lse, 
     mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
     acc = warpgroup_mma(p, _tile(v_smem, last, BLOCK_N, D), acc, is_async=True)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = (acc / l_o[:, None]).to(dtype)
-    rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = Out + off_b * stride_ob + off_h * stride_oh + rows[:, None].to(gl.int64) * stride_on + cols[None, :]
-    gl.store(o_ptrs, out, mask=(rows[:, None] < N) & (cols[None, :] < HEAD_DIM))
-    lse_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # natural log
-    gl.store(Lse + off_bh.to(gl.int64) * N + lse_rows, lse, mask=lse_rows < N)
+    _store_out_lse(acc, m_i, l_i, Out, Lse, off_bh, off_b, off_h, row0, N, stride_ob, stride_oh, stride_on, HEAD_DIM, D,
+                   BLOCK_M, s_layout, o_layout)
 
 
 @_kernel
