@@ -6,7 +6,7 @@ import timm
 import torch
 
 from vit.checkpoint import load_model_weights
-from vit.model import SIZES, create_model
+from vit.model import SIZES, PatchEmbed, create_model
 
 
 def test_rectangular_img_size_matches_timm_and_resizes_a_square_pos_embed():
@@ -27,6 +27,26 @@ def test_rectangular_img_size_matches_timm_and_resizes_a_square_pos_embed():
     load_model_weights(rect, square, source="square.pt")
     assert rect.pos_embed.shape == (1, 12 * 8 + 1, 64)
     assert torch.equal(rect.pos_embed[:, 0], square["pos_embed"][:, 0])  # the class token's row is kept
+
+
+@pytest.mark.parametrize("img_size, patch_size, in_chans", [(224, 16, 3), ([48, 80], 16, 3), (36, 4, 1)])
+def test_patch_embed_is_its_convolution(img_size, patch_size, in_chans):
+    """The patch embedding (flattened patches times the reshaped weight) against the stride-P convolution it stands
+    for, in float64 on random images and weights: tokens, and the weight, bias and image gradients."""
+    torch.manual_seed(0)
+    pe = PatchEmbed(img_size, patch_size, in_chans, 48).double()
+    torch.nn.init.normal_(pe.proj.bias)
+    hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    x = torch.randn(3, in_chans, *hw, dtype=torch.float64, requires_grad=True)
+    ours, ref = pe(x), pe.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
+    assert ours.shape == (3, pe.num_patches, 48)
+    assert (ours - ref).abs().max().item() <= 1e-12
+    g = torch.randn_like(ref)
+    grads = [torch.autograd.grad(y, (x, pe.proj.weight, pe.proj.bias), g) for y in (ours, ref)]
+    for a, b in zip(*grads):
+        assert (a - b).abs().max().item() <= 1e-11
+    with pytest.raises(ValueError, match=rf"takes \(B, {in_chans}, H, W\): set in_chans"):
+        pe(torch.randn(3, in_chans + 1, *hw, dtype=torch.float64))
 
 
 def test_timm_state_dict_loads_strict_and_logits_match():
