@@ -1,4 +1,5 @@
-"""benchmarks/profile_step.py: kernel names land in the right bucket; no GPU, a clear refusal."""
+"""benchmarks/profile_step.py: kernel names land in the right bucket; idle gaps between kernels; no GPU, a clear
+refusal."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x` from the repo root
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.profile_step import bucket, main
+from benchmarks.profile_step import bucket, idle_gaps, main
 
 
 @pytest.mark.parametrize("name, want", [
@@ -33,3 +34,18 @@ def test_refuses_without_cuda(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(SystemExit, match="CUDA GPU"):
         main([])
+
+
+def test_idle_gaps_sum_the_waits_between_kernels_by_pair():
+    # two steps of a -> b -> c; b overlaps a in step 1 (no gap), a long kernel hides a short one's end
+    spans = [("a", 0.0, 10.0), ("b", 8.0, 12.0), ("c", 15.0, 20.0),
+             ("a", 100.0, 110.0), ("b", 111.0, 115.0), ("c", 115.0, 116.0),
+             ("long", 200.0, 300.0), ("short", 210.0, 220.0), ("d", 305.0, 306.0)]
+    rows = {(before, after): (ms, count) for before, after, ms, count in idle_gaps(spans, steps=2)}
+    assert rows[("b", "c")] == pytest.approx((3e-3 / 2, 0.5))
+    assert rows[("a", "b")] == pytest.approx((1e-3 / 2, 0.5))
+    assert rows[("c", "a")] == pytest.approx((80e-3 / 2, 0.5))
+    assert rows[("c", "long")] == pytest.approx((84e-3 / 2, 0.5))
+    assert rows[("long", "d")] == pytest.approx((5e-3 / 2, 0.5))  # not "short": long ended last
+    assert len(rows) == 5
+    assert idle_gaps(spans, steps=2)[0][:2] == ("c", "long")

@@ -70,7 +70,9 @@ class PatchEmbed(nn.Module):
     ``proj`` stays an ``nn.Conv2d`` so that parameter names and shapes are timm's. Why not call it: on the H200
     (ViT-B/16, 224 px, batch 256, bf16, compiled; ``benchmarks.profile_step --top 16``, 2026-12-02) cuDNN ran that
     convolution in 1.58 ms a step plus 1.30 ms of NCHW-to-NHWC copies, 4 % of the step's kernel time, for 0.06
-    TFLOP. ``img_size``: an int (square) or (H, W); ``grid`` is (H/P, W/P)."""
+    TFLOP. As one product (2026-12-03, same command) neither kernel is in the step, where timm's in the same run
+    still spent 1.47 + 1.26 ms on them (benchmarks/results/h200_20261203.md). ``img_size``: an int (square) or
+    (H, W); ``grid`` is (H/P, W/P)."""
 
     def __init__(self, img_size, patch_size: int, in_chans: int, embed_dim: int):
         super().__init__()
