@@ -47,6 +47,13 @@ def test_patch_embed_is_its_convolution(img_size, patch_size, in_chans):
         assert (a - b).abs().max().item() <= 1e-11
     with pytest.raises(ValueError, match=rf"takes \(B, {in_chans}, H, W\): set in_chans"):
         pe(torch.randn(3, in_chans + 1, *hw, dtype=torch.float64))
+    for shape in ((in_chans, *hw), hw[:1]):  # no batch; 1-D
+        with pytest.raises(ValueError, match=r"takes a batch .*add the batch dimension"):
+            pe(torch.randn(*shape, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"move channels first \(x.permute\(0, 3, 1, 2\)\)"):
+        pe(torch.randn(3, *hw, in_chans, dtype=torch.float64))  # (B, H, W, C)
+    with pytest.raises(ValueError, match=rf"resize the images to multiples of patch_size={patch_size}"):
+        pe(torch.randn(1, in_chans, hw[0] + 1, hw[1], dtype=torch.float64))
 
 
 def test_timm_state_dict_loads_strict_and_logits_match():

@@ -65,14 +65,20 @@ def img_hw(img_size) -> tuple[int, int]:
 
 class PatchEmbed(nn.Module):
     """(B, C, H, W) image -> (B, (H/P)·(W/P), D) patch tokens (row-major): a P×P stride-P convolution, computed as
-    one matrix product of the flattened patches with the (D, C·P·P) weight (Dosovitskiy et al. 2021, eq. 1: x_p E).
+    one matrix product of the flattened patches with the (D, C·P·P) weight (Dosovitskiy et al. 2021, eq. 1: x_p E,
+    each patch flattened channel-first, the convolution weight's order).
 
-    ``proj`` stays an ``nn.Conv2d`` so that parameter names and shapes are timm's. Why not call it: on the H200
-    (ViT-B/16, 224 px, batch 256, bf16, compiled; ``benchmarks.profile_step --top 16``, 2026-12-02) cuDNN ran that
-    convolution in 1.58 ms a step plus 1.30 ms of NCHW-to-NHWC copies, 4 % of the step's kernel time, for 0.06
-    TFLOP. As one product (2026-12-03, same command) neither kernel is in the step, where timm's in the same run
-    still spent 1.47 + 1.26 ms on them (benchmarks/results/h200_20261203.md). ``img_size``: an int (square) or
-    (H, W); ``grid`` is (H/P, W/P)."""
+    ``proj`` stays an ``nn.Conv2d`` so that parameter names and shapes are timm's (hooks on ``proj`` do not fire).
+    Why not call it: on the H200 (ViT-B/16, 224 px, batch 256, bf16, compiled; ``benchmarks.profile_step --top 16``,
+    2026-12-02) cuDNN ran that convolution in 1.58 ms a step plus 1.30 ms of NCHW-to-NHWC copies, 4 % of the step's
+    kernel time, for 0.06 TFLOP of forward work. As one product (2026-12-03, same command) neither kernel is in the
+    step, where timm's in the same run still spent 1.47 + 1.26 ms on them (benchmarks/results/h200_20261203.md).
+    ``img_size``: an int (square) or (H, W); ``grid`` is (H/P, W/P).
+
+    Raises:
+        ValueError: an input that is not 4-D, a channel count other than ``in_chans``, or another image size than
+            the model's.
+    """
 
     def __init__(self, img_size, patch_size: int, in_chans: int, embed_dim: int):
         super().__init__()
@@ -86,16 +92,22 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        C, P = self.proj.in_channels, self.patch_size
+        if x.ndim != 4:
+            raise ValueError(f"input images have shape {tuple(x.shape)}; the model takes a batch (B, {C}, H, W): add "
+                             f"the batch dimension (x[None])")
+        if x.shape[1] != C:
+            fix = ("move channels first (x.permute(0, 3, 1, 2))" if x.shape[-1] == C else
+                   "set in_chans to the images' channel count")
+            raise ValueError(f"input images have shape {tuple(x.shape)}; the model takes (B, {C}, H, W): {fix}")
         S1, S2 = x.shape[-2:]  # (B, C, S1, S2)
-        if x.ndim != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(f"input images have shape {tuple(x.shape)}; the model takes (B, {self.proj.in_channels}, "
-                             f"H, W): set in_chans to the images' channel count")
         if (S1, S2) != self.img_hw:
             H, W = self.img_hw
+            rebuild = (f"or build the model with img_size={[S1, S2]}" if S1 % P == 0 and S2 % P == 0 else
+                       f"or resize the images to multiples of patch_size={P}")
             raise ValueError(f"input images are {S1}×{S2}, the model was built for {H}×{W}; set data.img_size="
-                             f"{H if H == W else [H, W]}, or build the model with img_size={[S1, S2]}")
-        B, C, P = x.shape[0], x.shape[1], self.patch_size
-        (gh, gw), D = self.grid, self.proj.out_channels
+                             f"{H if H == W else [H, W]}, {rebuild}")
+        B, (gh, gw), D = x.shape[0], self.grid, self.proj.out_channels
         x = x.reshape(B, C, gh, P, gw, P).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * P * P)  # (B, N, C·P·P)
         return nn.functional.linear(x, self.proj.weight.reshape(D, C * P * P), self.proj.bias)  # (B, N, D)
 
