@@ -239,15 +239,17 @@ def _gluon_shape(shape):
 # Parallel compilation (--warm) and config sweeps (--sweep)
 # ---------------------------------------------------------------------------------------------
 SWEEP = {  # (block_a, block_b, num_warps, num_stages[, maxnreg]) candidates per kernel; the deeper pipelines (stages
-    # 4-5) and 8-warp 64-row tiles are around the 2026-12-01 winners, the register caps around the 2026-12-02 ones
+    # 4-5) and 8-warp 64-row tiles are around the 2026-12-01 winners, the register caps around the 2026-12-02 ones; the
+    # capped 8-warp rows (two CTAs an SM by the register file, sharing one Q/dO or K/V tile per two warpgroups) are new
     "fwd": [(128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
             (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4), (64, 32, 4, 4),
             (128, 64, 8, 4), (64, 64, 4, 4), (64, 128, 4, 4), (64, 64, 4, 3, 112), (64, 64, 4, 3, 96),
-            (64, 32, 4, 3, 80), (128, 32, 8, 3, 128)],
+            (64, 32, 4, 3, 80), (128, 32, 8, 3, 128), (128, 64, 8, 2, 128), (128, 32, 8, 2)],
     "dkdv": [(32, 128, 4, 2), (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
              (64, 64, 4, 3), (32, 64, 4, 3), (16, 128, 4, 3),
              (64, 64, 4, 4), (64, 64, 4, 5), (64, 64, 8, 3), (128, 64, 8, 3), (32, 64, 4, 4), (32, 64, 4, 3, 128),
-             (32, 64, 4, 3, 120), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168), (64, 64, 4, 3, 160)],
+             (32, 64, 4, 3, 120), (64, 64, 4, 3, 168), (64, 64, 4, 2, 168), (64, 64, 4, 3, 160),
+             (32, 128, 8, 2, 128), (32, 128, 8, 3, 128), (32, 128, 8, 4, 128), (64, 128, 8, 3, 168)],
     "dq": [(128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3),
            (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 8, 2),
            (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 4), (64, 32, 4, 3, 96),
@@ -383,7 +385,7 @@ def sweep(kernels=None, shapes=None):
                 except Exception as e:  # noqa: BLE001
                     print(f"  {which} {cfg}: {type(e).__name__}")
             results.sort()
-            best = ", ".join(f"{c} {ms:.3f} ms ({flops[which] / ms / 1e9:.0f} TF/s)" for ms, c in results[:4])
+            best = ", ".join(f"{c} {ms:.3f} ms ({flops[which] / ms / 1e9:.0f} TF/s)" for ms, c in results)
             print(f"sweep {shape} {which}: {best}", flush=True)
         print(f"sweep {shape} cudnn fwd {_cudnn_fwd_ms(tensors):.3f} ms", flush=True)
 
@@ -395,12 +397,23 @@ def _cudnn_fwd_ms(tensors):
     return triton.testing.do_bench(lambda: _sdpa("CUDNN_ATTENTION")(q, k, v), warmup=10, rep=50, return_mode="median")
 
 
+def _shape(text: str) -> tuple[int, int, int, int]:
+    """``B,H,N,D`` on the command line → a (B, H, N, D) tuple; argparse reports the ValueError."""
+    dims = tuple(int(x) for x in text.split(","))
+    if len(dims) != 4 or min(dims) < 1:
+        raise ValueError(f"{text!r}: a shape is four positive integers B,H,N,D, e.g. 8,12,4097,64")
+    return dims
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--warm", action="store_true", help="compile all autotune configs in parallel first")
     parser.add_argument("--warm-tests", action="store_true", help="also compile for tests/test_flash.py's shapes")
     parser.add_argument("--sweep", action="store_true", help="time the wider candidate lists per kernel")
     parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
+    parser.add_argument("--shapes", nargs="+", type=_shape, default=None, metavar="B,H,N,D",
+                        help="with --sweep: the shapes to time (default: " + " ".join(
+                            ",".join(map(str, s)) for s in SWEEP_SHAPES) + ")")
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
     parser.add_argument("--gluon", action="store_true", help="time the Gluon kernels' tiles (Hopper) instead")
@@ -418,7 +431,7 @@ def main():
             jobs += _tuned_jobs(TEST_SHAPES, ["bfloat16", "float16"])
         compile_parallel(sorted(set(jobs), key=lambda j: -j[2][-1]))
     if args.sweep:
-        sweep([k for k in args.kernels.split(",") if k])
+        sweep([k for k in args.kernels.split(",") if k], args.shapes)
     if args.gluon_ws:
         gluon_ws_table(SHAPES)
     elif args.gluon:

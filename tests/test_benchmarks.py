@@ -391,3 +391,13 @@ def test_readme_result_links_exist():
     assert len(links) > 10 and len(files) > 10, (links, files)
     missing = [name for name in links + files if not (results / name).is_file()]
     assert not missing, f"named in README.md or benchmarks/README.md's index but not in benchmarks/results/: {missing}"
+
+
+def test_flash_bench_sweep_shapes_parse_and_refuse_bad_ones():
+    """``flash_bench.py --sweep --shapes B,H,N,D ...``: four positive integers each, else argparse's error."""
+    from benchmarks import flash_bench
+
+    assert flash_bench._shape("8,12,4097,64") == (8, 12, 4097, 64)
+    for bad in ("8,12,4097", "8,12,0,64", "8,12,x,64"):
+        with pytest.raises(ValueError):
+            flash_bench._shape(bad)
