@@ -86,8 +86,9 @@ def _cfgs(names, rows):
 # best of wider sweeps on the H200 (bf16) at N = 197, 577, 1024 and 4096 (benchmarks/results/h200_20261202_c.md,
 # back-to-back GPU time). maxnreg caps the registers a thread, so that by the register file's arithmetic (65536 an SM)
 # more programs fit an SM: dK/dV (32, 64, 4, 3) took 153 registers (ncu), 0.281 ms at (256, 12, 197, 64), and 0.265
-# capped at 128; (64, 64, 4, 3) took 186, 0.495 ms at (32, 12, 1024, 64), and 0.466 capped at 168. Caps that spill
-# more lose: (32, 64, 4, 3) capped at 104 took 0.446 ms at N = 197. Each list keeps a row without a cap for
+# capped at 128. Caps that spill more lose: (32, 64, 4, 3) capped at 104 took 0.446 ms at N = 197; with dPᵀ issued
+# before dV (kernels._bwd_dkdv_step) (64, 64, 4, 3) capped at 168 spills 88 bytes (Triton 3.8, sm_90) and lost its
+# N = 1024-4096 place to the rows below (benchmarks/results/h200_20261203_b.md). Each list keeps a row without a cap for
 # fp32_delta's flag variants, which need more registers (their capped dQ rows spill 288-624 bytes:
 # benchmarks/results/h200_20261202_c/res_usage_triton38_sm90.txt). Under torch.compile the traced forward is tuned by
 # Inductor, which (as read in torch 2.14) keeps block sizes, warps and stages only, no cap, and times them itself; the
@@ -98,7 +99,7 @@ _FWD = {  # (BLOCK_M, BLOCK_N)
     256: [(64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
 }
 _DKDV = {  # (BLOCK_M1, BLOCK_N1)
-    64: [(32, 64, 4, 3, 128), (64, 64, 4, 3, 168), (32, 64, 4, 3)],
+    64: [(32, 64, 4, 3, 128), (32, 128, 4, 3), (32, 64, 4, 3)],  # h200_20261203_b.md, with dPᵀ issued before dV
     128: [(32, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 3)],
     256: [(32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
 }

@@ -256,7 +256,15 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
                    stride_qn, stride_qd, stride_don, stride_dod, offs_m, offs_d,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, IEEE: tl.constexpr,
                    MASK_M: tl.constexpr, SPLIT_DS: tl.constexpr):
-    """One query tile's contribution to dK, dV (Algorithm 2, lines 11-19, transposed)."""
+    """One query tile's contribution to dK, dV (Algorithm 2, lines 11-19, transposed).
+
+    dPᵀ is issued before dV's product. Triton waits for each wgmma right after issuing it, except an accumulating
+    one (dV, dK), which it leaves in flight; ptxas then hoists an independent wgmma above the work before its wait.
+    In this order the SASS (sm_90) runs dPᵀ's HGMMAs under the exponentials and dV's under dSᵀ; issued after dV
+    (as Algorithm 2 writes it), dPᵀ waited for both with nothing under them (the dQ kernel already had its
+    exponentials under dP). H200, bf16, dK/dV kernel, best config each: 1.657 → 1.603 ms at (8, 12, 4097, 64),
+    3.931 → 3.547 at (8, 16, 4096, 128), 0.259 → 0.258 at (256, 12, 197, 64), 0.423 → 0.431 at (32, 12, 1024, 64)
+    (benchmarks/results/h200_20261203_b.md)."""
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
     rows = start_m + offs_m  # (BLOCK_M1,)
     qT = _load(Q_base + rows[None, :] * stride_qn + offs_d[:, None] * stride_qd,
@@ -271,8 +279,8 @@ def _bwd_dkdv_step(dk, dv, k, v, Q_base, DO_base, Lse_base, Delta_base, start_m,
         delta = tl.load(Delta_base + rows)
     qkT = _dot(k, qT, tl.zeros([k.shape[0], qT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_N1, BLOCK_M1)
     pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
-    dv = _dot(pT.to(do.dtype), do, dv, IEEE)
     dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
+    dv = _dot(pT.to(do.dtype), do, dv, IEEE)
     dsT = pT * (dpT - delta[None, :])
     dk = _ds_dot(dsT, tl.trans(qT), dk, IEEE, SPLIT_DS)
     return dk, dv
