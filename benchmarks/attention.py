@@ -219,16 +219,21 @@ def render_markdown(env, config, rows) -> str:
     return markdown_header("Attention benchmark", env, notes) + "\n" + markdown_table(rows, columns)
 
 
+class ShapeError(argparse.ArgumentTypeError, ValueError):
+    """A bad ``--shapes`` value: a ValueError, and one argparse prints with its message (a plain ValueError raised by
+    a ``type=`` function comes out as "invalid parse_shapes value")."""
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
-    """'B,H,N,d;B,H,N,d' -> list of 4-tuples. Raises ValueError naming the bad entry."""
+    """'B,H,N,d;B,H,N,d' -> list of 4-tuples. Raises ShapeError (a ValueError) naming the bad entry."""
     shapes = []
     for part in filter(None, text.split(";")):
         try:
             B, H, N, d = (int(x) for x in part.split(","))
         except ValueError:
-            raise ValueError(f"bad shape {part!r} in --shapes; write B,H,N,d;B,H,N,d (e.g. 32,12,1024,64)") from None
+            raise ShapeError(f"bad shape {part!r} in --shapes; write B,H,N,d;B,H,N,d (e.g. 32,12,1024,64)") from None
         if min(B, H, N, d) < 1:
-            raise ValueError(f"shape {part!r} has a non-positive size")
+            raise ShapeError(f"shape {part!r} has a non-positive size")
         shapes.append((B, H, N, d))
     return shapes
 

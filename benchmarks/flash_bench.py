@@ -398,23 +398,17 @@ def _cudnn_fwd_ms(tensors):
     return triton.testing.do_bench(lambda: _sdpa("CUDNN_ATTENTION")(q, k, v), warmup=10, rep=50, return_mode="median")
 
 
-def _shape(text: str) -> tuple[int, int, int, int]:
-    """``B,H,N,D`` on the command line → a (B, H, N, D) tuple; argparse reports the ValueError."""
-    dims = tuple(int(x) for x in text.split(","))
-    if len(dims) != 4 or min(dims) < 1:
-        raise ValueError(f"{text!r}: a shape is four positive integers B,H,N,D, e.g. 8,12,4097,64")
-    return dims
-
-
 def main():
+    from benchmarks.attention import parse_shapes  # one --shapes syntax for the benchmark scripts
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--warm", action="store_true", help="compile all autotune configs in parallel first")
     parser.add_argument("--warm-tests", action="store_true", help="also compile for tests/test_flash.py's shapes")
     parser.add_argument("--sweep", action="store_true", help="time the wider candidate lists per kernel")
     parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
-    parser.add_argument("--shapes", nargs="+", type=_shape, default=None, metavar="B,H,N,D",
-                        help="with --sweep: the shapes to time (default: " + " ".join(
-                            ",".join(map(str, s)) for s in SWEEP_SHAPES) + ")")
+    parser.add_argument("--shapes", type=parse_shapes, default=None, metavar="'B,H,N,d;B,H,N,d'",
+                        help="with --sweep: the shapes to time (default: '" + ";".join(
+                            ",".join(map(str, s)) for s in SWEEP_SHAPES) + "')")
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
     parser.add_argument("--gluon", action="store_true", help="time the Gluon kernels' tiles (Hopper) instead")

@@ -393,11 +393,17 @@ def test_readme_result_links_exist():
     assert not missing, f"named in README.md or benchmarks/README.md's index but not in benchmarks/results/: {missing}"
 
 
-def test_flash_bench_sweep_shapes_parse_and_refuse_bad_ones():
-    """``flash_bench.py --sweep --shapes B,H,N,D ...``: four positive integers each, else argparse's error."""
+def test_flash_bench_sweep_shapes_parse_and_refuse_bad_ones(monkeypatch, capsys):
+    """``flash_bench.py --sweep --shapes 'B,H,N,d;B,H,N,d'`` (benchmarks.attention's syntax): four positive integers
+    each, else argparse's error with parse_shapes' message."""
     from benchmarks import flash_bench
 
-    assert flash_bench._shape("8,12,4097,64") == (8, 12, 4097, 64)
+    assert attn_bench.parse_shapes("8,12,4097,64;32,12,1024,64") == [(8, 12, 4097, 64), (32, 12, 1024, 64)]
     for bad in ("8,12,4097", "8,12,0,64", "8,12,x,64"):
         with pytest.raises(ValueError):
-            flash_bench._shape(bad)
+            attn_bench.parse_shapes(bad)
+        monkeypatch.setattr(sys, "argv", ["flash_bench.py", "--sweep", "--shapes", bad])
+        with pytest.raises(SystemExit) as stop:
+            flash_bench.main()
+        assert stop.value.code == 2  # argparse's usage error, before any CUDA check
+        assert bad in capsys.readouterr().err
