@@ -407,8 +407,9 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="time the wider candidate lists per kernel")
     parser.add_argument("--kernels", default="", help="with --sweep: comma-separated subset of " + ",".join(SWEEP))
     parser.add_argument("--shapes", type=parse_shapes, default=None, metavar="'B,H,N,d;B,H,N,d'",
-                        help="with --sweep: the shapes to time (default: '" + ";".join(
-                            ",".join(map(str, s)) for s in SWEEP_SHAPES) + "')")
+                        help="the shapes to time in the sweep or the table (default: the sweep's '" + ";".join(
+                            ",".join(map(str, s)) for s in SWEEP_SHAPES) + "', the table's " + ";".join(
+                            ",".join(map(str, s)) for s in SHAPES) + ")")
     parser.add_argument("--no-table", action="store_true")
     parser.add_argument("--fp32-delta", action="store_true", help="also time flash with fp32_delta=True")
     parser.add_argument("--gluon", action="store_true", help="time the Gluon kernels' tiles (Hopper) instead")
@@ -432,7 +433,7 @@ def main():
     elif args.gluon:
         gluon_table(SHAPES)
     elif not args.no_table:
-        table(SHAPES, args.fp32_delta)
+        table(args.shapes or SHAPES, args.fp32_delta)
 
 
 if __name__ == "__main__":

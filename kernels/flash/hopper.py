@@ -145,8 +145,8 @@ def _bwd_dkdv_step_tma(dk, dv, k, v, desc_q, desc_do, Lse_base, Delta_base, star
     qT = tl.trans(q)
     qkT = _dot(k, qT, tl.zeros([k.shape[0], qT.shape[1]], dtype=tl.float32), IEEE)  # (BLOCK_N1, BLOCK_M1)
     pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)  # first: see _bwd_dkdv_step
     dv = _dot(pT.to(do.dtype), do, dv, IEEE)
-    dpT = _dot(v, tl.trans(do), tl.zeros([v.shape[0], do.shape[0]], dtype=tl.float32), IEEE)
     dsT = pT * (dpT - delta[None, :])
     dk = _dot(dsT.to(q.dtype), q, dk, IEEE)
     if DQ_REDUCE != 0:
