@@ -7,7 +7,8 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm80`` (mma.sync kernels, backward with 8 warps) and, on compute capability 9.0,
 ``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
-the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-pingpong`` (the Hopper forward's
+the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dqtma`` and ``cuda-sm90-dqcols-tma``
+(those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
@@ -77,6 +78,8 @@ def bench_attention(skip=()):
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
                                                         fwd_sm90="auto")
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
+        backends["cuda-sm90-dqtma"] = cuda_with("sm90", "sm90", bwd_dq="tma")
+        backends["cuda-sm90-dqcols-tma"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma")
     return bench_shapes(backends, skip)
 
 
@@ -93,7 +96,7 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
-            if name in skip or (name == "cuda-sm90-dqcols" and d != 128):
+            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128):
                 continue
             try:
                 with torch.no_grad():

@@ -154,25 +154,32 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     """The Hopper backward per 64-query step: Sᵀ and dPᵀ (2·D/16 HGMMA m64n64, K-major), dV and dK
     (2·4 with A from registers, B transposed), dQ (4 with both operands transposed), TMA, REDG.F32x2.
     At head_dim 128 also the column-split dQ kernel (DQ_COLS): dQ as 8 m64n64 HGMMA over all 128 keys
-    and half the default kernel's float2 atomics."""
+    and half the default kernel's float2 atomics. Each also as a DQ_TMA kernel: no atomics, one TMA reduce-add
+    (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (2 if d == 128 else 1), (name, list(kernels))
+        assert len(kernels) == (4 if d == 128 else 2), (name, list(kernels))
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
-            cols = "Lb1E" in kernel
+            cols, tma = (flag == "1" for flag in re.search(r"ELb(\d)ELb(\d)EE", kernel).groups())
             assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * d // 16, kernel
             assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, kernel
             dq = mma.format(64 if cols else d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB"
             assert len(re.findall(dq, sass)) == (8 if cols else 4), kernel
             assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, kernel
             assert "HMMA.16816" not in sass, f"{kernel}: mma.sync in the Hopper backward"
-            atomics[cols] = len(re.findall(r"REDG\.E\.ADD\.F32x2", sass))
+            reduces = len(re.findall(r"UTMAREDG\.4D\.ADD", sass))
+            assert reduces == ((64 if cols else d) // 32 if tma else 0), f"{kernel}: {reduces} TMA reduce-adds"
+            if tma:  # NQ float32 a thread as NQ / 2 float2
+                assert len(re.findall(r"STS\.64", sass)) == (64 if cols else d) // 4, f"{kernel}: dQ's staging stores"
+                assert not re.search(r"\bREDG", sass), f"{kernel}: atomics left in the TMA reduce-add kernel"
+            else:
+                atomics[cols] = len(re.findall(r"REDG\.E\.ADD\.F32x2", sass))
         assert atomics[False] == d // 4, f"{name}: dQ is not D/4 float2 atomics per thread and step: {atomics}"
         if d == 128:
             assert atomics[True] == atomics[False] // 2, f"{name}: the column split does not halve dQ's atomics"
@@ -207,7 +214,8 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
     finally:
         build.extension.cache_clear()
     assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "fwd_sm90_pingpong", "bwd", "bwd_sm90",
-                                                  "bwd_sm90_dqcols", "vector_add"))
+                                                  "bwd_sm90_dqcols", "bwd_sm90_dqtma", "bwd_sm90_dqcols_tma",
+                                                  "vector_add"))
     assert module.has_sm90
 
 
@@ -365,6 +373,7 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 class _Sm90Ext:
     bwd_sm90, bwd_sm90_dqcols = "atomic kernel", "column-split kernel"
+    bwd_sm90_dqtma, bwd_sm90_dqcols_tma = "TMA reduce-add kernel", "column-split TMA reduce-add kernel"
     fwd_sm90, fwd_sm90_pingpong = "sequential forward", "pingpong forward"
 
 
@@ -393,6 +402,12 @@ def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
     assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == "column-split kernel"
     with pytest.raises(ValueError, match="head_dim 128.*got 64"):
+        ops.sm90_bwd_kernel(_Sm90Ext, q64)
+    monkeypatch.setattr(ops, "BWD_DQ", "tma")
+    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == ops.sm90_bwd_kernel(_Sm90Ext, q64) == "TMA reduce-add kernel"
+    monkeypatch.setattr(ops, "BWD_DQ", "columns-tma")
+    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == "column-split TMA reduce-add kernel"
+    with pytest.raises(ValueError, match="columns-tma has a kernel for head_dim 128.*got 64"):
         ops.sm90_bwd_kernel(_Sm90Ext, q64)
     monkeypatch.setattr(ops, "BWD_DQ", "split")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
@@ -443,7 +458,7 @@ import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
 ops.BWD_DQ, ops.FWD_SM90 = sys.argv[1], sys.argv[2]
-shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ == "atomic" else ((1, 128), (300, 128))
+shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ in ("atomic", "tma") else ((1, 128), (300, 128))
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v).sum().backward()
@@ -453,18 +468,18 @@ print("finished")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq, schedule", [("atomic", "sequential"), ("dqcols", "sequential"), ("atomic", "pingpong")])
+@pytest.mark.parametrize("dq, schedule", [("atomic", "sequential"), ("columns", "sequential"), ("atomic", "pingpong"),
+                                          ("tma", "sequential"), ("columns-tma", "sequential")])
 def test_sm90_kernels_finish(dq, schedule):
-    """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (dqcols: the column-split
-    dQ) run to the end in a child process, so that a pipeline deadlock (an mbarrier or named barrier never
-    completing) fails here in 60 s instead of hanging the session."""
+    """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
+    dQ; tma, columns-tma: dQ by TMA reduce-add) run to the end in a child process, so that a pipeline deadlock (an
+    mbarrier or named barrier never completing) fails here in 60 s instead of hanging the session."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
-    mode = "columns" if dq == "dqcols" else "atomic"
     try:
-        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, mode, schedule], cwd=root, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, dq, schedule], cwd=root, capture_output=True,
                               text=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("the sm90 kernels did not finish within 60 s (deadlock in a TMA/mbarrier pipeline?)")
@@ -490,19 +505,20 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong"])
+@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
-    consumers, then the mma.sync backward)."""
+    consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    if bwd == "sm90-dqcols" and head_dim == 64:
+    if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
-    monkeypatch.setattr(ops, "BWD_DQ", "columns" if bwd == "sm90-dqcols" else "atomic")
+    monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma",
+                                        "sm90-dqcols-tma": "columns-tma"}.get(bwd, "atomic"))
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -536,13 +552,16 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "tma"])
 @pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128)])
-def test_sm90_size_one_batch_or_heads(B, H, N, monkeypatch):
-    """Size-1 dimensions (whose strides the TMA descriptor never uses) and N on a tile boundary."""
+def test_sm90_size_one_batch_or_heads(B, H, N, dq, monkeypatch):
+    """Size-1 dimensions (whose strides the TMA descriptors never use) and N on a tile boundary; dQ by atomics and
+    by TMA reduce-add (a descriptor over the float32 accumulator too)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", "sm90")
+    monkeypatch.setattr(ops, "BWD_DQ", dq)
     q, k, v = make_qkv(B, H, N, 64, dtype=torch.bfloat16, device="cuda")
     check_against_reference(attention, q, k, v)
 
@@ -569,8 +588,10 @@ def test_sm90_each_stage_against_float64(head_dim):
     kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0, None)),
                "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None))}
     kernels["sm90-pingpong"] = (ext.fwd_sm90_pingpong, lambda *a: ext.bwd(*a, 8, 0, None))
+    kernels["sm90-dqtma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqtma(*a, None))
     if head_dim == 128:
         kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqcols(*a, None))
+        kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqcols_tma(*a, None))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)

@@ -49,8 +49,10 @@ SM90_BWD_HEAD_DIMS = (128,)
 # "auto": columns at head_dim 128, atomic at 64. H200, bf16, fwd+bwd at (8, 16, 4096, 128): columns
 # 10.2 ms vs atomic 12.7 ms; both pass the GPU tests (benchmarks/results/cuda_bench_sm90_dqcols_h200.log,
 # cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
+# "tma" and "columns-tma" (opt-in, not yet run on a GPU): the same dQ products, added into the float32 accumulator by
+# TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
-BWD_DQ_MODES = ("auto", "atomic", "columns")
+BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
 # (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
 # sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
@@ -205,20 +207,22 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
 
 def sm90_bwd_kernel(ext, q: Tensor):
     """The extension's Hopper backward for ``q`` under ``BWD_DQ`` (env ``VIT_CUDA_BWD_DQ``):
-    ``bwd_sm90`` ("atomic", and "auto" at head_dim 64) or ``bwd_sm90_dqcols`` ("columns", and "auto"
-    at head_dim 128).
+    ``bwd_sm90`` ("atomic", and "auto" at head_dim 64), ``bwd_sm90_dqcols`` ("columns", and "auto"
+    at head_dim 128), ``bwd_sm90_dqtma`` ("tma") or ``bwd_sm90_dqcols_tma`` ("columns-tma").
 
     Raises:
-        ValueError: BWD_DQ is not "auto", "atomic" or "columns", or "columns" at a head_dim other than 128.
+        ValueError: BWD_DQ is not one of BWD_DQ_MODES, or "columns" / "columns-tma" at a head_dim other than 128.
     """
     if BWD_DQ not in BWD_DQ_MODES:
         raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
     if BWD_DQ == "atomic" or (BWD_DQ == "auto" and q.shape[-1] != 128):
         return ext.bwd_sm90
+    if BWD_DQ == "tma":
+        return ext.bwd_sm90_dqtma
     if q.shape[-1] != 128:
-        raise ValueError(f"VIT_CUDA_BWD_DQ=columns has a kernel for head_dim 128 (80, 96 padded), got "
-                         f"{q.shape[-1]}; unset it (auto)")
-    return ext.bwd_sm90_dqcols
+        raise ValueError(f"VIT_CUDA_BWD_DQ={BWD_DQ} has a kernel for head_dim 128 (80, 96 padded), got "
+                         f"{q.shape[-1]}; use atomic or tma, or unset it (auto)")
+    return ext.bwd_sm90_dqcols_tma if BWD_DQ == "columns-tma" else ext.bwd_sm90_dqcols
 
 
 @attn_bwd.register_fake

@@ -17,6 +17,13 @@
 // instead, consumer w computes dQ[:, 64w..64w+63] = dS K[:, 64w..] over all 128 keys (both halves of
 // dSᵀ, so the dSᵀ barriers span both consumers) and adds it once: half the atomics per CTA and
 // 32 accumulator registers instead of 64.
+// DQ_TMA (VIT_CUDA_BWD_DQ=tma or columns-tma; opt-in until it has passed the GPU tests): instead of the
+// atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
+// (bank-conflict free for the accumulator fragments), and one thread adds the box into dq_accum with one
+// TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
+// does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
+// after the issuing thread's bulk_wait_read (placed before the step's first dSᵀ barrier, so no thread
+// waits on it unless the copy is still reading).
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
 #include <cuda.h>
@@ -40,6 +47,19 @@ template <int D> struct BwdSm90Traits {
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+// What differs between the kernel variants: shared memory (DQ_TMA adds the consumers' dQ staging boxes, float32, 64
+// rows x the columns each one adds) and the register split (DQ_TMA: 24 for the producer, 240 for each consumer, as
+// FlashAttention-3 splits three warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
+template <int D, bool DQ_COLS, bool DQ_TMA> struct BwdSm90Variant {
+  using Tr = BwdSm90Traits<D>;
+  static constexpr int kSmemBytes =
+      Tr::kSmemBytes + (DQ_TMA ? Tr::kConsumers * Tr::kBlockM * (DQ_COLS ? 64 : D) * 4 : 0);
+  static constexpr int kProducerRegs = DQ_TMA ? 24 : Tr::kProducerRegs;
+  static constexpr int kConsumerRegs = DQ_TMA ? 240 : Tr::kConsumerRegs;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+  static_assert(128 * kProducerRegs + 128 * Tr::kConsumers * kConsumerRegs <= 65536, "register file");
 };
 
 template <int STAGES> struct BwdSm90Barriers {
@@ -109,6 +129,29 @@ __device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa
     }
 }
 
+// dQ_w (this warpgroup's 64 query rows x 2·NQ columns, the float32 accumulator fragments: element 4j + 2r + u at
+// row 16·warp + g + 8r, column 8j + 2t + u) into the staging boxes TMA reads: 32-column blocks of 64 rows x 128 B,
+// 16-byte chunk c of row r at chunk c ^ (r % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A warp's float2 stores then touch
+// each bank twice: two wavefronts, no conflict.
+template <int NQ> __device__ __forceinline__ void bwd_sm90_store_dq(float *dQw, const float (&dqw)[NQ], int warp, int g,
+                                                                    int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + 8 * r;
+#pragma unroll
+    for (int j = 0; j < NQ / 4; ++j) {
+      const int col = 8 * j + 2 * t, lc = col % 32;
+      float *box = dQw + (col / 32) * 64 * 32 + row * 32;
+      *reinterpret_cast<float2 *>(box + (((lc / 4) ^ (row % 8)) * 4) + lc % 4) =
+          make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
+// The thread of a warpgroup that issues its bulk copies, read from threadIdx each time (a register kept for it
+// through the loop spilled at head_dim 128).
+__device__ __forceinline__ bool warpgroup_leader() { return (threadIdx.x & 127) == 0; }
+
 // Named barrier 1 + w: the 128 threads of consumer warpgroup w (a constant id keeps it out of a register).
 __device__ __forceinline__ void warpgroup_sync(int w) {
   if (w == 0) named_barrier_sync<1, 128>();
@@ -131,10 +174,11 @@ template <bool DQ_COLS> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
-template <int DTYPE, int D, bool DQ_COLS>
+template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
+                                                 float *dQs, const CUtensorMap *tm_dq,
                                                  BwdSm90Barriers<BwdSm90Traits<D>::kStages> &bar, int w, int tid,
                                                  int n0, int h, int b, int m_blocks) {
   using T = typename Elem<DTYPE>::T;
@@ -149,6 +193,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   T *dSw = dSs + w * 64 * BM;
+  float *dQw = dQs + w * BM * 2 * NQ;                      // DQ_TMA: this warpgroup's staging boxes
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   float dk[NO], dv[NO];
 #pragma unroll
@@ -185,6 +230,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
+    if constexpr (DQ_TMA)
+      if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read the staging boxes
     ds_sync<DQ_COLS>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
@@ -225,16 +272,30 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     wgmma_wait<0>();
     fence_operands(dqw);
 
+    if constexpr (DQ_TMA) {
+      bwd_sm90_store_dq(dQw, dqw, warp, g, t);
+      fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
+      warpgroup_sync(w);
+      if (warpgroup_leader()) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
-      const int m = m0 + warp * 16 + g + 8 * r;
-      if (m >= N) continue;
+        for (int c = 0; c < NQ / 16; ++c)  // rows m0.. (those past N are dropped), columns of this box
+          tma_reduce_add_4d(tm_dq, dQw + c * BM * 32, (DQ_COLS ? 64 * w : 0) + 32 * c, m0, blockIdx.y, blockIdx.z);
+        bulk_commit();
+      }
+    } else {
 #pragma unroll
-      for (int j = 0; j < NQ / 4; ++j)
-        atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
-                  make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
+      for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
+        const int m = m0 + warp * 16 + g + 8 * r;
+        if (m >= N) continue;
+#pragma unroll
+        for (int j = 0; j < NQ / 4; ++j)
+          atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
+                    make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
+      }
     }
   }
+  if constexpr (DQ_TMA)
+    if (warpgroup_leader()) bulk_wait<0>();  // the last reduce-adds are done before the CTA (and its shared memory) ends
 
   // strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient
   T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
@@ -253,11 +314,11 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, bool DQ_COLS>
+template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
-                    const BwdParams p) {
+                    const __grid_constant__ CUtensorMap tm_dq, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90Traits<D>;
@@ -268,12 +329,16 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
   T *Qs = Vs + Tr::kBlockN * D;                 // (kStages, D/64, BM, 64)
   T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
   T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BN, BM): dSᵀ, swizzled
+  float *dQs = reinterpret_cast<float *>(dSs + Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, BM, 32)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
-  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM;
+  // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
+  // register reallocation and was spilled (the DQ_TMA kernels at head_dim 128, ptxas 13.0)
+  const auto m_blocks = [&p] { return (p.N + Tr::kBlockM - 1) / Tr::kBlockM; };
   if (threadIdx.x == 0) {
     tma_prefetch_descriptor(&tm_q), tma_prefetch_descriptor(&tm_k);
     tma_prefetch_descriptor(&tm_v), tma_prefetch_descriptor(&tm_do);
+    if constexpr (DQ_TMA) tma_prefetch_descriptor(&tm_dq);
     mbar_init(&bar.kv_full, 1);
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&bar.qd_full[s], 1);
@@ -283,11 +348,12 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    setmaxnreg_dec<Tr::kProducerRegs>();
-    if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks);
+    setmaxnreg_dec<BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kProducerRegs>();
+    if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
   } else {
-    setmaxnreg_inc<Tr::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D, DQ_COLS>(p, Ks, Vs, Qs, dOs, dSs, bar, wg - 1, tid, n0, h, b, m_blocks);
+    setmaxnreg_inc<BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kConsumerRegs>();
+    bwd_sm90_consume<DTYPE, D, DQ_COLS, DQ_TMA>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
+                                                m_blocks());
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -295,7 +361,7 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
 }
 
 template <int DTYPE, int D>
-cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols) {
+cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols, bool dq_tma) {
   using Tr = BwdSm90Traits<D>;
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
@@ -315,19 +381,26 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
       !encode_tensor_map(&tm_do, p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
     return cudaErrorInvalidValue;
+  CUtensorMap tm_dq{};  // read by the DQ_TMA kernels only
+  *what = "cuTensorMapEncodeTiled (the float32 dQ accumulator)";
+  if (dq_tma && !encode_dq_tensor_map(&tm_dq, p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
   if (dq_cols && D != 128) {
     *what = "the column split of dQ (head_dim 128 only)";
     return cudaErrorInvalidValue;
   }
-  auto kernel = bwd_sm90_kernel<DTYPE, D, false>;
+  auto kernel = dq_tma ? bwd_sm90_kernel<DTYPE, D, false, true> : bwd_sm90_kernel<DTYPE, D, false, false>;
+  int smem = dq_tma ? BwdSm90Variant<D, false, true>::kSmemBytes : BwdSm90Variant<D, false, false>::kSmemBytes;
   if constexpr (D == 128)
-    if (dq_cols) kernel = bwd_sm90_kernel<DTYPE, D, true>;
+    if (dq_cols) {
+      kernel = dq_tma ? bwd_sm90_kernel<DTYPE, D, true, true> : bwd_sm90_kernel<DTYPE, D, true, false>;
+      smem = dq_tma ? BwdSm90Variant<D, true, true>::kSmemBytes : BwdSm90Variant<D, true, false>::kSmemBytes;
+    }
   *what = "setting the sm90 backward's shared memory size";
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   *what = "the sm90 backward launch";
   dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_dq, p);
   return cudaGetLastError();
 }
 
@@ -335,4 +408,4 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
 
 #define VITK_INSTANTIATE_BWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_bwd_sm90<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t, \
-                                                          const char **, bool);
+                                                          const char **, bool, bool);

@@ -394,6 +394,17 @@ inline bool encode_tensor_map(CUtensorMap *map, const void *ptr, const Strides &
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The backward's float32 dQ accumulator, a contiguous (B, H, N, D): boxes of 64 rows x 32 columns (128 B, the
+// widest row SWIZZLE_128B allows), for TMA reduce-add from 128B-swizzled shared memory.
+inline bool encode_dq_tensor_map(CUtensorMap *map, float *ptr, int B, int H, int N, int D) {
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)N, (cuuint64_t)H, (cuuint64_t)B};
+  const cuuint64_t row = (cuuint64_t)D * 4, strides[3] = {row, row * N, row * N * H};
+  const cuuint32_t box[4] = {32, 64, 1, 1}, unit[4] = {1, 1, 1, 1};
+  return tensor_map_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box, unit,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int DTYPE, int D>
 cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong) {
   using Tr = FwdSm90Traits<D>;
