@@ -3,7 +3,8 @@
 They are not the production path (on the H200 they measured no faster: benchmarks/results/
 flash_h200_20261201.md), but they are kept, swept by ``benchmarks/flash_bench.py --sweep``, and must stay
 right: masked tails (N not a multiple of the tiles), padded head dims (80 -> 128 columns), strided
-packed-qkv views. CPU: Triton's interpreter, fp16 and fp32.
+packed-qkv views. CPU: Triton's interpreter, fp16 and fp32. On a Hopper GPU (``-m gpu``) also against float64 in
+bf16 at the sweep's tiles, with and without warp specialisation.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ if not torch.cuda.is_available():
 
 import pytest
 import triton
-from conftest import max_err
+from conftest import ERROR_FLOOR, max_err, reference_attention
 
 from kernels import split_qkv
 from kernels.flash import configs, hopper, op
@@ -26,26 +27,26 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TILES = {"fwd": (32, 16), "dkdv": (16, 32), "dq": (32, 16)}
 
 
-def _launch_all(q, k, v, do, out_ref, lse_ref, scale):
-    """The three TMA kernels with small tiles; returns out, lse, dq, dk, dv."""
+def _launch_all(q, k, v, do, out_ref, lse_ref, scale, tiles=TILES, warp_specialize=False):
+    """The three TMA kernels (small tiles by default); returns out, lse, dq, dk, dv."""
     B, H, N, d = q.shape
     if DEVICE == "cuda":
         hopper.ensure_allocator()  # device-side descriptors need scratch memory
     common = {"HEAD_DIM": d, "HEAD_DIM_PADDED": configs.head_dim_padded(d), "IEEE": q.dtype == torch.float32,
-              "WARP_SPECIALIZE": False}
+              "WARP_SPECIALIZE": warp_specialize}
     out, lse = op._empty_out(q), torch.empty(B, H, N, device=DEVICE)
-    bm, bn = TILES["fwd"]
+    bm, bn = tiles["fwd"]
     hopper.flash_fwd_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
         q, k, v, out, lse, out, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, N, configs.n_bucket(N), STORE_RES=False, UNSCALED_MAX=False, BLOCK_M=bm, BLOCK_N=bn, **common)
     delta = torch.empty(B, H, N, device=DEVICE)
     op.launch_preprocess(out_ref, do, delta)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    bm, bn = TILES["dkdv"]
+    bm, bn = tiles["dkdv"]
     hopper.flash_bwd_dkdv_tma_kernel[(triton.cdiv(N, bn) * B * H,)](
         q, k, v, do, dk, dv, lse_ref, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
         *do.stride(), *dk.stride(), *dv.stride(), H, N, configs.n_bucket(N), BLOCK_M1=bm, BLOCK_N1=bn, **common)
-    bm, bn = TILES["dq"]
+    bm, bn = tiles["dq"]
     hopper.flash_bwd_dq_tma_kernel[(triton.cdiv(N, bm) * B * H,)](
         q, k, v, do, dq, lse_ref, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
         *do.stride(), *dq.stride(), H, N, configs.n_bucket(N), BLOCK_M2=bm, BLOCK_N2=bn, **common)
@@ -66,6 +67,59 @@ def test_tma_kernels_match_the_pointer_kernels(B, H, N, d, dtype):
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, (out_ref, lse_ref, dq_ref, dk_ref, dv_ref)):
         assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), (name, max_err(a, b))
 
+
+
+def _launch_fused(q, k, v, do, out, lse, scale, tiles, dq_reduce, warp_specialize=False):
+    """flash_bwd_fused_tma_kernel (DQ_REDUCE 1: tl.atomic_add, 2: TMA reduce-add); returns dq, dk, dv."""
+    B, H, N, d = q.shape
+    if DEVICE == "cuda":
+        hopper.ensure_allocator()
+    delta = torch.empty(B, H, N, device=DEVICE)
+    op.launch_preprocess(out, do, delta)
+    dqacc = torch.zeros(B, H, N, d, device=DEVICE)  # float32, contiguous
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    bm, bn = tiles
+    hopper.flash_bwd_fused_tma_kernel[(triton.cdiv(N, bn) * B * H,)](
+        q, k, v, do, dk, dv, dqacc, lse, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *dk.stride(), *dv.stride(), H, N, configs.n_bucket(N), HEAD_DIM=d,
+        HEAD_DIM_PADDED=configs.head_dim_padded(d), IEEE=q.dtype == torch.float32, BLOCK_M1=bm, BLOCK_N1=bn,
+        WARP_SPECIALIZE=warp_specialize, DQ_REDUCE=dq_reduce)
+    return dqacc.to(q.dtype), dk, dv
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warp_specialize", [False, True], ids=["plain", "ws"])
+@pytest.mark.parametrize("B, H, N, d", [(2, 3, 197, 64), (1, 2, 577, 80), (1, 2, 1025, 128), (2, 2, 17, 32)])
+def test_gpu_tma_kernels_match_float64(B, H, N, d, warp_specialize):
+    """On a Hopper GPU, bf16, the sweep's tiles: the TMA kernels' out, lse, dq, dk, dv and the fused backward's dq
+    (TMA reduce-add), dk, dv against float64, each within 2x the pointer kernels' own error on the same inputs (those
+    are held to 2x PyTorch's in test_flash.py) plus bf16's floor; with and without Triton's warp specialisation (a
+    producer warp for the TMA loads)."""
+    if not _is_hopper():
+        pytest.skip("TMA descriptors and the Hopper kernels need a compute capability 9.0 GPU (H100, H200)")
+    qkv = torch.randn(B, N, 3, H, d, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d): strided views
+    q, k, v = split_qkv(qkv)
+    scale = d ** -0.5
+    ref_out, (rq, rk, rv) = reference_attention(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), scale)
+    do = torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16)
+    ref_out.backward(do.double())
+    ref_lse = torch.logsumexp(rq.detach() @ rk.detach().transpose(-2, -1) * scale, dim=-1)
+    refs = (ref_out.detach(), ref_lse, rq.grad, rk.grad, rv.grad)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    out_ptr, lse_ptr = op._fwd(q, k, v, scale)
+    pointer = (out_ptr, lse_ptr, *op._bwd(do, q, k, v, out_ptr, lse_ptr, scale))
+    tiles = {"fwd": (64, 64), "dkdv": (64, 64), "dq": (64, 64)}
+    got = _launch_all(q, k, v, do, out_ptr, lse_ptr, scale, tiles, warp_specialize)
+    got += _launch_fused(q, k, v, do, out_ptr, lse_ptr, scale, (64, 64), 2, warp_specialize)
+    floor = ERROR_FLOOR[torch.bfloat16]
+    names = ("out", "lse", "dq", "dk", "dv", "fused dq", "fused dk", "fused dv")
+    for name, a, p, ref in zip(names, got, pointer + pointer[2:], refs + refs[2:]):
+        bound = 2 * max_err(p, ref) + floor * max(1.0, ref.abs().max().item())
+        assert max_err(a, ref) <= bound, (name, max_err(a, ref), bound)
 
 
 def test_tma_forward_takes_every_argument_of_the_pointer_forward():
@@ -107,20 +161,9 @@ def test_fused_backward_matches_the_pointer_kernels(B, H, N, d, dtype):
     out, lse = op._fwd(q, k, v, scale)
     do = torch.randn_like(out)
     dq_ref, dk_ref, dv_ref = op._bwd(do, q, k, v, out, lse, scale)
-    if DEVICE == "cuda":
-        hopper.ensure_allocator()
-    delta = torch.empty(B, H, N, device=DEVICE)
-    op.launch_preprocess(out, do, delta)
-    dqacc = torch.zeros(B, H, N, d, device=DEVICE)  # float32, contiguous
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    bm, bn = TILES["dkdv"]
-    hopper.flash_bwd_fused_tma_kernel[(triton.cdiv(N, bn) * B * H,)](
-        q, k, v, do, dk, dv, dqacc, lse, delta, scale, scale * LOG2E, *q.stride(), *k.stride(), *v.stride(),
-        *do.stride(), *dk.stride(), *dv.stride(), H, N, configs.n_bucket(N), HEAD_DIM=d,
-        HEAD_DIM_PADDED=configs.head_dim_padded(d), IEEE=dtype == torch.float32, BLOCK_M1=bm, BLOCK_N1=bn,
-        WARP_SPECIALIZE=False, DQ_REDUCE=1)
+    dq, dk, dv = _launch_fused(q, k, v, do, out, lse, scale, TILES["dkdv"], dq_reduce=1)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
-    for name, a, b in (("dq", dqacc.to(dtype), dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
+    for name, a, b in (("dq", dq, dq_ref), ("dk", dk, dk_ref), ("dv", dv, dv_ref)):
         assert max_err(a, b) <= tol * max(1.0, b.abs().max().item()), (name, max_err(a, b))
 
 
