@@ -8,7 +8,9 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
 the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dqtma`` and ``cuda-sm90-dqcols-tma``
-(those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma), ``cuda-sm90-pingpong`` (the Hopper forward's
+(those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma),
+``cuda-sm90-overlap`` and ``cuda-sm90-dqtma-overlap`` (the Hopper backward's overlapped consumer, VIT_CUDA_BWD_SM90=overlap,
+with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
@@ -58,10 +60,11 @@ def sdpa(backend):
     return fn
 
 
-def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", deterministic=False, fwd_sm90="sequential"):
+def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", deterministic=False, fwd_sm90="sequential",
+              bwd_sm90="sequential"):
     def fn(q, k, v):
         ops.FWD_PATH, ops.BWD_PATH, ops.BWD_WARPS, ops.BWD_DQ = fwd_path, bwd_path, bwd_warps, bwd_dq  # read at run time
-        ops.FWD_SM90 = fwd_sm90
+        ops.FWD_SM90, ops.BWD_SM90 = fwd_sm90, bwd_sm90
         return cuda_attention(q, k, v, deterministic=deterministic)
     return fn
 
@@ -80,6 +83,8 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
         backends["cuda-sm90-dqtma"] = cuda_with("sm90", "sm90", bwd_dq="tma")
         backends["cuda-sm90-dqcols-tma"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma")
+        backends["cuda-sm90-overlap"] = cuda_with("sm90", "sm90", bwd_sm90="overlap")
+        backends["cuda-sm90-dqtma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="tma", bwd_sm90="overlap")
     return bench_shapes(backends, skip)
 
 
@@ -96,7 +101,7 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
-            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128):
+            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (name.endswith("overlap") and d != 64):
                 continue
             try:
                 with torch.no_grad():

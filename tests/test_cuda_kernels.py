@@ -155,18 +155,26 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     (2·4 with A from registers, B transposed), dQ (4 with both operands transposed), TMA, REDG.F32x2.
     At head_dim 128 also the column-split dQ kernel (DQ_COLS): dQ as 8 m64n64 HGMMA over all 128 keys
     and half the default kernel's float2 atomics. Each also as a DQ_TMA kernel: no atomics, one TMA reduce-add
-    (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores."""
+    (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores. Each of those
+    also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
+    running) and the wait for dPᵀ."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (4 if d == 128 else 2), (name, list(kernels))
+        assert len(kernels) == 4, (name, list(kernels))  # (cols, tma) at 128, (tma, overlap) at 64
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
-            cols, tma = (flag == "1" for flag in re.search(r"ELb(\d)ELb(\d)EE", kernel).groups())
+            cols, tma, overlap = (flag == "1" for flag in re.search(r"ELb(\d)ELb(\d)ELb(\d)EE", kernel).groups())
+            if overlap:
+                assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{kernel}: no wait that leaves dPᵀ running"
+                between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
+                assert between.count("MUFU.EX2") == 32, f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
+            else:
+                assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass, kernel
             assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * d // 16, kernel
             assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, kernel
             dq = mma.format(64 if cols else d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB"
@@ -179,10 +187,10 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
                 assert len(re.findall(r"STS\.64", sass)) == (64 if cols else d) // 4, f"{kernel}: dQ's staging stores"
                 assert not re.search(r"\bREDG", sass), f"{kernel}: atomics left in the TMA reduce-add kernel"
             else:
-                atomics[cols] = len(re.findall(r"REDG\.E\.ADD\.F32x2", sass))
-        assert atomics[False] == d // 4, f"{name}: dQ is not D/4 float2 atomics per thread and step: {atomics}"
+                atomics.setdefault(cols, set()).add(len(re.findall(r"REDG\.E\.ADD\.F32x2", sass)))
+        assert atomics[False] == {d // 4}, f"{name}: dQ is not D/4 float2 atomics per thread and step: {atomics}"
         if d == 128:
-            assert atomics[True] == atomics[False] // 2, f"{name}: the column split does not halve dQ's atomics"
+            assert atomics[True] == {d // 8}, f"{name}: the column split does not halve dQ's atomics"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -214,7 +222,6 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
     finally:
         build.extension.cache_clear()
     assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "fwd_sm90_pingpong", "bwd", "bwd_sm90",
-                                                  "bwd_sm90_dqcols", "bwd_sm90_dqtma", "bwd_sm90_dqcols_tma",
                                                   "vector_add"))
     assert module.has_sm90
 
@@ -372,8 +379,6 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 
 class _Sm90Ext:
-    bwd_sm90, bwd_sm90_dqcols = "atomic kernel", "column-split kernel"
-    bwd_sm90_dqtma, bwd_sm90_dqcols_tma = "TMA reduce-add kernel", "column-split TMA reduce-add kernel"
     fwd_sm90, fwd_sm90_pingpong = "sequential forward", "pingpong forward"
 
 
@@ -391,27 +396,40 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
         ops.sm90_forward(_Sm90Ext, q128)
 
 
-def test_bwd_dq_mode_picks_the_kernel_and_checks_head_dim(monkeypatch):
+def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
+    """(dq_cols, dq_tma, overlap) that ops passes to the extension's bwd_sm90 under VIT_CUDA_BWD_DQ and
+    VIT_CUDA_BWD_SM90."""
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
+    assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
     monkeypatch.setattr(ops, "BWD_DQ", "auto")  # the column split where it measured faster: head_dim 128
-    assert (ops.sm90_bwd_kernel(_Sm90Ext, q128), ops.sm90_bwd_kernel(_Sm90Ext, q64)) == ("column-split kernel",
-                                                                                          "atomic kernel")
+    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential until overlap is measured
+    assert ops.sm90_bwd_options(q128) == (True, False, False)
+    assert ops.sm90_bwd_options(q64) == (False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
-    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == ops.sm90_bwd_kernel(_Sm90Ext, q64) == "atomic kernel"
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
-    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == "column-split kernel"
-    with pytest.raises(ValueError, match="head_dim 128.*got 64"):
-        ops.sm90_bwd_kernel(_Sm90Ext, q64)
+    assert ops.sm90_bwd_options(q128) == (True, False, False)
+    with pytest.raises(ValueError, match="columns has a kernel for head_dim 128.*got 64"):
+        ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "tma")
-    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == ops.sm90_bwd_kernel(_Sm90Ext, q64) == "TMA reduce-add kernel"
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, True, False)
+    monkeypatch.setattr(ops, "BWD_SM90", "overlap")
+    assert ops.sm90_bwd_options(q64) == (False, True, True)
+    with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64, got 128"):
+        ops.sm90_bwd_options(q128)
     monkeypatch.setattr(ops, "BWD_DQ", "columns-tma")
-    assert ops.sm90_bwd_kernel(_Sm90Ext, q128) == "column-split TMA reduce-add kernel"
+    monkeypatch.setattr(ops, "BWD_SM90", "sequential")
+    assert ops.sm90_bwd_options(q128) == (True, True, False)
     with pytest.raises(ValueError, match="columns-tma has a kernel for head_dim 128.*got 64"):
-        ops.sm90_bwd_kernel(_Sm90Ext, q64)
+        ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "split")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
-        ops.sm90_bwd_kernel(_Sm90Ext, q128)
+        ops.sm90_bwd_options(q128)
+    monkeypatch.setattr(ops, "BWD_DQ", "auto")
+    monkeypatch.setattr(ops, "BWD_SM90", "pingpong")
+    with pytest.raises(ValueError, match="VIT_CUDA_BWD_SM90 must be one of"):
+        ops.sm90_bwd_options(q128)
 
 
 # --- GPU: accuracy against float64 ---
@@ -457,8 +475,10 @@ import sys
 import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
-ops.BWD_DQ, ops.FWD_SM90 = sys.argv[1], sys.argv[2]
+ops.BWD_DQ, ops.FWD_SM90, ops.BWD_SM90 = sys.argv[1], sys.argv[2], sys.argv[3]
 shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ in ("atomic", "tma") else ((1, 128), (300, 128))
+if ops.BWD_SM90 == "overlap":  # head_dim 64 only
+    shapes = tuple((n, d) for n, d in shapes if d == 64)
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v).sum().backward()
@@ -468,18 +488,21 @@ print("finished")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq, schedule", [("atomic", "sequential"), ("columns", "sequential"), ("atomic", "pingpong"),
-                                          ("tma", "sequential"), ("columns-tma", "sequential")])
-def test_sm90_kernels_finish(dq, schedule):
+@pytest.mark.parametrize("dq, schedule, bwd_schedule", [
+    ("atomic", "sequential", "sequential"), ("columns", "sequential", "sequential"), ("atomic", "pingpong", "sequential"),
+    ("tma", "sequential", "sequential"), ("columns-tma", "sequential", "sequential"), ("atomic", "sequential", "overlap"),
+    ("tma", "sequential", "overlap")])
+def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
-    dQ; tma, columns-tma: dQ by TMA reduce-add) run to the end in a child process, so that a pipeline deadlock (an
-    mbarrier or named barrier never completing) fails here in 60 s instead of hanging the session."""
+    dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma) run to the end in a child process, so
+    that a pipeline deadlock (an mbarrier or named barrier never completing) fails here in 60 s instead of hanging
+    the session."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
     try:
-        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, dq, schedule], cwd=root, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, dq, schedule, bwd_schedule], cwd=root, capture_output=True,
                               text=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("the sm90 kernels did not finish within 60 s (deadlock in a TMA/mbarrier pipeline?)")
@@ -505,20 +528,25 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma"])
+@pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
+                                 "sm90-overlap"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
-    consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add)."""
+    consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add; sm90-overlap: the
+    backward's overlapped consumer, with its default dQ)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
+    if bwd == "sm90-overlap" and head_dim != 64:
+        pytest.skip("the overlapped consumer is for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
-    monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma",
-                                        "sm90-dqcols-tma": "columns-tma"}.get(bwd, "atomic"))
+    monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
+                                        "sm90-overlap": "auto"}.get(bwd, "atomic"))
+    monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd == "sm90-overlap" else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -549,6 +577,25 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     scale = head_dim ** -0.5
     sequential, pingpong = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_pingpong(q, k, v, scale)
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1, 129, 577, 4096])
+def test_sm90_overlap_backward_equals_sequential_bitwise(N):
+    """The overlapped consumer does the sequential one's arithmetic in the same order: dk and dv (each CTA writes its
+    own) bitwise equal. dq is a float32 sum of atomic adds from every key tile, in an order that differs run to run,
+    rounded to bf16: equal to within about one bf16 step of its largest entry."""
+    if not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    scale = 64 ** -0.5
+    out, lse = ext.fwd_sm90(q, k, v, scale)
+    do = torch.randn_like(out)
+    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, False)
+    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, True)
+    assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
+    assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
 
 
 @pytest.mark.gpu
@@ -586,12 +633,14 @@ def test_sm90_each_stage_against_float64(head_dim):
     errs = {}
     ext = build.extension()
     kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0, None)),
-               "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None))}
+               "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, False))}
     kernels["sm90-pingpong"] = (ext.fwd_sm90_pingpong, lambda *a: ext.bwd(*a, 8, 0, None))
-    kernels["sm90-dqtma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqtma(*a, None))
+    kernels["sm90-dqtma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, True, False))
+    if head_dim == 64:
+        kernels["sm90-overlap"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, True))
     if head_dim == 128:
-        kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqcols(*a, None))
-        kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90_dqcols_tma(*a, None))
+        kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, False, False))
+        kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, True, False))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)

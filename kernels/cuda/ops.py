@@ -53,6 +53,11 @@ SM90_BWD_HEAD_DIMS = (128,)
 # TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma")
+# The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64;
+# opt-in, not yet run on a GPU: Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of
+# registers); "auto" is sequential until measured.
+BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
+BWD_SM90_MODES = ("auto", "sequential", "overlap")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
 # (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
 # sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
@@ -201,28 +206,32 @@ def attn_bwd(
 def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv):
     """The backward under the path rules; ``dqkv``: None, or a packed gradient to write dq, dk, dv into."""
     if dq_splits == 0 and bwd_path(q) == "sm90":  # the Hopper backward has no deterministic mode
-        return sm90_bwd_kernel(ext, q)(dout, q, k, v, out, lse, softmax_scale, dqkv)
+        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *sm90_bwd_options(q))
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
-def sm90_bwd_kernel(ext, q: Tensor):
-    """The extension's Hopper backward for ``q`` under ``BWD_DQ`` (env ``VIT_CUDA_BWD_DQ``):
-    ``bwd_sm90`` ("atomic", and "auto" at head_dim 64), ``bwd_sm90_dqcols`` ("columns", and "auto"
-    at head_dim 128), ``bwd_sm90_dqtma`` ("tma") or ``bwd_sm90_dqcols_tma`` ("columns-tma").
+def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool]:
+    """``(dq_cols, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ`` (env
+    ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (head_dim 128), "auto": columns
+    at head_dim 128, atomic at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim
+    64), "auto": sequential).
 
     Raises:
-        ValueError: BWD_DQ is not one of BWD_DQ_MODES, or "columns" / "columns-tma" at a head_dim other than 128.
+        ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, "columns" / "columns-tma" at a head_dim other
+            than 128, or "overlap" at one other than 64.
     """
     if BWD_DQ not in BWD_DQ_MODES:
         raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
-    if BWD_DQ == "atomic" or (BWD_DQ == "auto" and q.shape[-1] != 128):
-        return ext.bwd_sm90
-    if BWD_DQ == "tma":
-        return ext.bwd_sm90_dqtma
-    if q.shape[-1] != 128:
-        raise ValueError(f"VIT_CUDA_BWD_DQ={BWD_DQ} has a kernel for head_dim 128 (80, 96 padded), got "
+    if BWD_SM90 not in BWD_SM90_MODES:
+        raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
+    mode = ("columns" if q.shape[-1] == 128 else "atomic") if BWD_DQ == "auto" else BWD_DQ
+    cols = mode.startswith("columns")
+    if cols and q.shape[-1] != 128:
+        raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got "
                          f"{q.shape[-1]}; use atomic or tma, or unset it (auto)")
-    return ext.bwd_sm90_dqcols_tma if BWD_DQ == "columns-tma" else ext.bwd_sm90_dqcols
+    if BWD_SM90 == "overlap" and q.shape[-1] != 64:
+        raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64, got {q.shape[-1]}; unset it (auto)")
+    return cols, mode.endswith("tma"), BWD_SM90 == "overlap"
 
 
 @attn_bwd.register_fake

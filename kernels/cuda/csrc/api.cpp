@@ -148,11 +148,11 @@ std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at
 }
 
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
-// dq_cols (sm90, head_dim 128) its column split of dQ, dq_tma (sm90) dQ by TMA reduce-add; dq_splits > 0 (bwd.cuh) its deterministic mode;
+// sm90_opt which of its kernels (params.h); dq_splits > 0 (bwd.cuh) its deterministic mode;
 // dqkv: write into a packed gradient (grad_outputs).
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
-                                 bool dq_cols, bool dq_tma, int64_t dq_splits,
+                                 const vitk::BwdSm90Options &sm90_opt, int64_t dq_splits,
                                  const std::optional<at::Tensor> &dqkv) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
@@ -169,7 +169,10 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 backward has kernels for head_dim 64 and 128, got 32");
-    TORCH_CHECK_VALUE(!dq_cols || q.size(3) == 128, "the column split of dQ needs head_dim 128, got ", q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_cols || q.size(3) == 128, "the column split of dQ needs head_dim 128, got ",
+                      q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64, "the overlapped sm90 consumer needs head_dim 64, got ",
+                      q.size(3));
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -201,7 +204,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
 #ifdef VITK_SM90A
     if constexpr (D != 32) {
       const char *what = "";
-      const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what, dq_cols, dq_tma);
+      const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what, sm90_opt);
       TORCH_CHECK(err == cudaSuccess, "attention backward (sm90): ", what, " failed: ", cudaGetErrorString(err));
     }
 #endif
@@ -212,32 +215,14 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
 std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                             at::Tensor lse, double softmax_scale, int64_t bwd_warps, int64_t dq_splits,
                             std::optional<at::Tensor> dqkv) {
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false, false, false, dq_splits, dqkv);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, bwd_warps, false, {}, dq_splits, dqkv);
 }
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                 at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv) {
+                                 at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv, bool dq_cols,
+                                 bool dq_tma, bool overlap) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, false, false, 0, dqkv);
-}
-
-std::vector<at::Tensor> bwd_sm90_dqcols(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                        at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv) {
-  check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true, false, 0, dqkv);
-}
-
-std::vector<at::Tensor> bwd_sm90_dqtma(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
-                                       at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv) {
-  check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, false, true, 0, dqkv);
-}
-
-std::vector<at::Tensor> bwd_sm90_dqcols_tma(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v,
-                                            at::Tensor out, at::Tensor lse, double softmax_scale,
-                                            std::optional<at::Tensor> dqkv) {
-  check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, true, true, 0, dqkv);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_tma, overlap}, 0, dqkv);
 }
 
 // CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
@@ -288,12 +273,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd_split_ctas_per_sm", &bwd_split_ctas_per_sm, "CTAs of the deterministic mma.sync backward (dq_splits > 0) "
         "that one SM holds at once: (bf16, head_dim, bwd_warps, device) -> int");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
-        "dqkv) -> [dq, dk, dv]");
-  m.def("bwd_sm90_dqcols", &bwd_sm90_dqcols, "bwd_sm90 with dQ split by columns across the consumers "
-        "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale, dqkv) -> [dq, dk, dv]");
-  m.def("bwd_sm90_dqtma", &bwd_sm90_dqtma, "bwd_sm90 with dQ added by TMA reduce-add instead of atomics: "
-        "(dout, q, k, v, out, lse, softmax_scale, dqkv) -> [dq, dk, dv]");
-  m.def("bwd_sm90_dqcols_tma", &bwd_sm90_dqcols_tma, "bwd_sm90_dqcols with dQ added by TMA reduce-add "
-        "(head_dim 128): (dout, q, k, v, out, lse, softmax_scale, dqkv) -> [dq, dk, dv]");
+        "dqkv, dq_cols, dq_tma, overlap) -> [dq, dk, dv]; dq_cols: dQ split by columns across the consumers "
+        "(head_dim 128), dq_tma: dQ added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under "
+        "dPᵀ's wgmma");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

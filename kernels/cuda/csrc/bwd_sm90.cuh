@@ -22,8 +22,13 @@
 // (bank-conflict free for the accumulator fragments), and one thread adds the box into dq_accum with one
 // TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
 // does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
-// after the issuing thread's bulk_wait_read (placed before the step's first dSᵀ barrier, so no thread
-// waits on it unless the copy is still reading).
+// after the issuing thread's bulk_wait_read, placed before the step's second dSᵀ barrier (a whole step after the
+// copy was issued, so no thread waits on it unless the copy is still reading).
+// OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; opt-in until measured): Sᵀ and dPᵀ in two commit groups, the wait
+// for Sᵀ only (wgmma.wait_group 1), Pᵀ's exponentials while dPᵀ's wgmma runs, then the wait for dPᵀ and dSᵀ
+// (FlashAttention-3's intra-warpgroup overlap of the softmax with a matrix product). The same arithmetic in the
+// same order: Pᵀ, dSᵀ and so dq, dk, dv are bitwise those of the sequential consumer. At head_dim 128 it runs out
+// of registers (ptxas 13.0: C7512, wgmmas serialised, 750-910 bytes spilled), as the forward's overlap did.
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
 #include <cuda.h>
@@ -45,7 +50,10 @@ template <int D> struct BwdSm90Traits {
   static constexpr int kDSBytes = kBlockN * kBlockM * 2;
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStages * kTileBytes + kDSBytes + 1024;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  // registers a thread gets at launch (__launch_bounds__(kThreads, 1): the register file / threads, in steps of 8);
+  // setmaxnreg can only redistribute the CTA's kThreads x kLaunchRegs, or the increase waits forever
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs, "register split");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -59,7 +67,8 @@ template <int D, bool DQ_COLS, bool DQ_TMA> struct BwdSm90Variant {
   static constexpr int kProducerRegs = DQ_TMA ? 24 : Tr::kProducerRegs;
   static constexpr int kConsumerRegs = DQ_TMA ? 240 : Tr::kConsumerRegs;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-  static_assert(128 * kProducerRegs + 128 * Tr::kConsumers * kConsumerRegs <= 65536, "register file");
+  static_assert(kProducerRegs + Tr::kConsumers * kConsumerRegs <= (1 + Tr::kConsumers) * Tr::kLaunchRegs,
+                "register split");
 };
 
 template <int STAGES> struct BwdSm90Barriers {
@@ -91,11 +100,10 @@ __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const 
   }
 }
 
-// Pᵀ and dSᵀ of one 64-key x 64-query tile in place (s -> Pᵀ, dp -> dSᵀ), zero past N. Thread's
-// element 4c + 2r + u: key `key` + 8r, query m0 + 8c + 2t + u; lse and delta are read once per query.
-__device__ __forceinline__ void bwd_sm90_softmax_grad(float (&s)[32], float (&dp)[32], const float *lse,
-                                                      const float *delta, float sl2, float scale, int m0, int key,
-                                                      int N, int t) {
+// Pᵀ of one 64-key x 64-query tile in place (s -> Pᵀ), zero past N. Thread's element 4c + 2r + u: key `key` + 8r,
+// query m0 + 8c + 2t + u; lse is read once per query.
+__device__ __forceinline__ void bwd_sm90_softmax(float (&s)[32], const float *lse, float sl2, int m0, int key, int N,
+                                                 int t) {
   const bool key_ok[2] = {key < N, key + 8 < N};
 #pragma unroll
   for (int c = 0; c < 8; ++c)
@@ -103,13 +111,28 @@ __device__ __forceinline__ void bwd_sm90_softmax_grad(float (&s)[32], float (&dp
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
       const bool ok = m < N;
-      const float l2 = ok ? lse[m] * kLog2e : 0.f, dl = ok ? delta[m] : 0.f;
+      const float l2 = ok ? lse[m] * kLog2e : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * c + 2 * r + u;
-        const float pv = ok && key_ok[r] ? exp2f(fmaf(s[i], sl2, -l2)) : 0.f;
-        s[i] = pv;
-        dp[i] = pv * (dp[i] - dl) * scale;
+        s[i] = ok && key_ok[r] ? exp2f(fmaf(s[i], sl2, -l2)) : 0.f;
+      }
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale in place (dp -> dSᵀ), from bwd_sm90_softmax's Pᵀ; delta read once per query.
+__device__ __forceinline__ void bwd_sm90_grad(const float (&s)[32], float (&dp)[32], const float *delta, float scale,
+                                              int m0, int N, int t) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int m = m0 + 8 * c + 2 * t + u;
+      const float dl = m < N ? delta[m] : 0.f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = 4 * c + 2 * r + u;
+        dp[i] = s[i] * (dp[i] - dl) * scale;
       }
     }
 }
@@ -174,7 +197,7 @@ template <bool DQ_COLS> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
-template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA>
+template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
@@ -185,6 +208,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
   static_assert(!DQ_COLS || D == 128, "the column split of dQ needs two 64-column blocks");
+  static_assert(!OVERLAP || D == 64, "the overlapped consumer runs out of registers at head_dim 128");
   constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
@@ -211,18 +235,39 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
+    if constexpr (OVERLAP) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
-      wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int blk = kk / 4, col = (kk % 4) * 16;
+        wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int blk = kk / 4, col = (kk % 4) * 16;
+        wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
+      fence_operands(s);
+      bwd_sm90_softmax(s, lse, sl2, m0, key, N, t);
+      if (p.N < 0) asm volatile("trap;");  // never taken: a block boundary keeps ptxas from hoisting the next wait
+      wgmma_wait<0>();
+      fence_operands(dp);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int blk = kk / 4, col = (kk % 4) * 16;
+        wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+        wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(s);
+      fence_operands(dp);
+      bwd_sm90_softmax(s, lse, sl2, m0, key, N, t);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s);
-    fence_operands(dp);
-
-    bwd_sm90_softmax_grad(s, dp, lse, delta, sl2, scale, m0, key, N, t);
+    bwd_sm90_grad(s, dp, delta, scale, m0, N, t);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -230,8 +275,6 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
-    if constexpr (DQ_TMA)
-      if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read the staging boxes
     ds_sync<DQ_COLS>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
@@ -254,6 +297,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(sa);
     mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
 
+    if constexpr (DQ_TMA)  // the staging boxes are written after the next barrier
+      if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read them
     ds_sync<DQ_COLS>(w);  // all of dSᵀ is in shared memory
     fence_operands(dqw);
     wgmma_fence();
@@ -294,8 +339,6 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       }
     }
   }
-  if constexpr (DQ_TMA)
-    if (warpgroup_leader()) bulk_wait<0>();  // the last reduce-adds are done before the CTA (and its shared memory) ends
 
   // strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient
   T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
@@ -311,10 +354,12 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
   }
+  if constexpr (DQ_TMA)  // the last reduce-adds have read the staging boxes before the CTA's shared memory goes
+    if (warpgroup_leader()) bulk_wait_read<0>();
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA>
+template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -352,7 +397,7 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
   } else {
     setmaxnreg_inc<BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D, DQ_COLS, DQ_TMA>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
+    bwd_sm90_consume<DTYPE, D, DQ_COLS, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
                                                 m_blocks());
   }
 #elif defined(__CUDA_ARCH__)
@@ -360,12 +405,34 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
 #endif
 }
 
+template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
+cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
+  using Tr = BwdSm90Traits<D>;
+  auto kernel = bwd_sm90_kernel<DTYPE, D, DQ_COLS, DQ_TMA, OVERLAP>;
+  constexpr int smem = BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kSmemBytes;
+  *what = "setting the sm90 backward's shared memory size";
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  *what = "the sm90 backward launch";
+  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  kernel<<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3], tm[4], p);
+  return cudaGetLastError();
+}
+
 template <int DTYPE, int D>
-cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols, bool dq_tma) {
+cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, const BwdSm90Options &opt) {
   using Tr = BwdSm90Traits<D>;
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
     return cudaErrorNotSupported;
+  }
+  if (opt.dq_cols && D != 128) {
+    *what = "the column split of dQ (head_dim 128 only)";
+    return cudaErrorInvalidValue;
+  }
+  if (opt.overlap && D != 64) {
+    *what = "the overlapped consumer (head_dim 64 only)";
+    return cudaErrorInvalidValue;
   }
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
@@ -373,39 +440,34 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
   bwd_delta_kernel<DTYPE, D><<<(unsigned)((rows + RPB - 1) / RPB), 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  CUtensorMap tm_q, tm_k, tm_v, tm_do;
+  CUtensorMap tm[5] = {};  // q, k, v, dout; the float32 dQ accumulator (read by the DQ_TMA kernels only)
   const bool bf16 = DTYPE == kBFloat16;
   *what = "cuTensorMapEncodeTiled (q, k, v or dout: strides must be multiples of 16 bytes)";
-  if (!encode_tensor_map(&tm_q, p.q, p.q_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16) ||
-      !encode_tensor_map(&tm_k, p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
-      !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
-      !encode_tensor_map(&tm_do, p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
+  if (!encode_tensor_map(&tm[0], p.q, p.q_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16) ||
+      !encode_tensor_map(&tm[1], p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
+      !encode_tensor_map(&tm[2], p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
+      !encode_tensor_map(&tm[3], p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
     return cudaErrorInvalidValue;
-  CUtensorMap tm_dq{};  // read by the DQ_TMA kernels only
   *what = "cuTensorMapEncodeTiled (the float32 dQ accumulator)";
-  if (dq_tma && !encode_dq_tensor_map(&tm_dq, p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
-  if (dq_cols && D != 128) {
-    *what = "the column split of dQ (head_dim 128 only)";
-    return cudaErrorInvalidValue;
+  if (opt.dq_tma && !encode_dq_tensor_map(&tm[4], p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
+  // one kernel per (DQ_COLS, DQ_TMA, OVERLAP): DQ_COLS at head_dim 128, OVERLAP at 64
+  if constexpr (D == 128) {
+    if (opt.dq_cols)
+      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, true, true, false>(tm, p, stream, what)
+                        : launch_bwd_sm90<DTYPE, D, true, false, false>(tm, p, stream, what);
+    return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, false>(tm, p, stream, what)
+                      : launch_bwd_sm90<DTYPE, D, false, false, false>(tm, p, stream, what);
+  } else {
+    if (opt.overlap)
+      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, true>(tm, p, stream, what)
+                        : launch_bwd_sm90<DTYPE, D, false, false, true>(tm, p, stream, what);
+    return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, false>(tm, p, stream, what)
+                      : launch_bwd_sm90<DTYPE, D, false, false, false>(tm, p, stream, what);
   }
-  auto kernel = dq_tma ? bwd_sm90_kernel<DTYPE, D, false, true> : bwd_sm90_kernel<DTYPE, D, false, false>;
-  int smem = dq_tma ? BwdSm90Variant<D, false, true>::kSmemBytes : BwdSm90Variant<D, false, false>::kSmemBytes;
-  if constexpr (D == 128)
-    if (dq_cols) {
-      kernel = dq_tma ? bwd_sm90_kernel<DTYPE, D, true, true> : bwd_sm90_kernel<DTYPE, D, true, false>;
-      smem = dq_tma ? BwdSm90Variant<D, true, true>::kSmemBytes : BwdSm90Variant<D, true, false>::kSmemBytes;
-    }
-  *what = "setting the sm90 backward's shared memory size";
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  *what = "the sm90 backward launch";
-  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, smem, stream>>>(tm_q, tm_k, tm_v, tm_do, tm_dq, p);
-  return cudaGetLastError();
 }
 
 }  // namespace vitk
 
 #define VITK_INSTANTIATE_BWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_bwd_sm90<vitk::DTYPE, D>(const vitk::BwdParams &, cudaStream_t, \
-                                                          const char **, bool, bool);
+                                                          const char **, const vitk::BwdSm90Options &);

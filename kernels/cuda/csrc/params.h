@@ -47,9 +47,13 @@ template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 // pingpong: fwd_sm90.cuh's pipelined consumers (FlashAttention-3's ping-pong and intra-warpgroup overlap).
 template <int DTYPE, int D>
 cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong);
-// dq_cols: bwd_sm90.cuh's DQ_COLS kernel (head_dim 128 only, else cudaErrorInvalidValue); dq_tma: its DQ_TMA kernel.
+// Which bwd_sm90.cuh kernel runs: dq_cols its DQ_COLS (head_dim 128 only, else cudaErrorInvalidValue), dq_tma its
+// DQ_TMA, overlap its OVERLAP consumer.
+struct BwdSm90Options {
+  bool dq_cols = false, dq_tma = false, overlap = false;
+};
 template <int DTYPE, int D>
-cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, bool dq_cols, bool dq_tma);
+cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, const BwdSm90Options &opt);
 cudaError_t run_vector_add(const float *a, const float *b, float *c, int64_t n, cudaStream_t stream);
 
 }  // namespace vitk

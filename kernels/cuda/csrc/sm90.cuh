@@ -60,7 +60,8 @@ __device__ __forceinline__ void tma_load_4d(void *smem, const void *tensor_map, 
 }
 // TMA reduce-add: a shared-memory box added element-wise (float32 add, done at L2) into a 4-D tensor; rows past
 // the tensor's extent are dropped. Tracked by this thread's bulk async-groups: commit after issuing, then
-// bulk_wait_read<0> before the box's shared memory is written again, bulk_wait<0> before the CTA exits.
+// bulk_wait_read<0> before the box's shared memory is written again or the CTA exits (as CUTLASS's
+// tma_store_wait: the adds themselves complete on their own).
 __device__ __forceinline__ void tma_reduce_add_4d(const void *tensor_map, const void *smem, int c0, int c1, int c2,
                                                   int c3) {
   asm volatile(
@@ -72,9 +73,6 @@ __device__ __forceinline__ void tma_reduce_add_4d(const void *tensor_map, const 
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-template <int N> __device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_descriptor(const void *tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
