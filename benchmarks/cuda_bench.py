@@ -77,9 +77,9 @@ def bench_attention(skip=()):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
         backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
-        backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto")
+        backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
-                                                        fwd_sm90="auto")
+                                                        fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
         backends["cuda-sm90-dqtma"] = cuda_with("sm90", "sm90", bwd_dq="tma")
         backends["cuda-sm90-dqcols-tma"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma")

@@ -529,24 +529,24 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
-                                 "sm90-overlap"])
+                                 "sm90-overlap", "sm90-overlap-dqtma"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
     consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add; sm90-overlap: the
-    backward's overlapped consumer, with its default dQ)."""
+    backward's overlapped consumer, with its default dQ or with TMA dQ)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if bwd == "sm90-overlap" and head_dim != 64:
+    if bwd.startswith("sm90-overlap") and head_dim != 64:
         pytest.skip("the overlapped consumer is for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
-                                        "sm90-overlap": "auto"}.get(bwd, "atomic"))
-    monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd == "sm90-overlap" else "sequential")
+                                        "sm90-overlap": "auto", "sm90-overlap-dqtma": "tma"}.get(bwd, "atomic"))
+    monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
     check_against_reference(attention, q, k, v)
@@ -580,8 +580,9 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq_tma", [False, True], ids=["atomic", "tma"])
 @pytest.mark.parametrize("N", [1, 129, 577, 4096])
-def test_sm90_overlap_backward_equals_sequential_bitwise(N):
+def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_tma):
     """The overlapped consumer does the sequential one's arithmetic in the same order: dk and dv (each CTA writes its
     own) bitwise equal. dq is a float32 sum of atomic adds from every key tile, in an order that differs run to run,
     rounded to bf16: equal to within about one bf16 step of its largest entry."""
@@ -592,8 +593,8 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N):
     scale = 64 ** -0.5
     out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
-    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, False)
-    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, True)
+    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_tma, False)
+    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_tma, True)
     assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
     assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
 

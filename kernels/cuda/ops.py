@@ -55,7 +55,8 @@ BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64;
 # opt-in, not yet run on a GPU: Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of
-# registers); "auto" is sequential until measured.
+# registers); "auto" is sequential until measured. It applies where the Hopper backward runs: at head_dim 64 only with
+# VIT_CUDA_BWD=sm90 (BWD_PATH), since auto runs the mma.sync backward there.
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"

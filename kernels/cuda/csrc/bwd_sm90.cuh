@@ -27,7 +27,8 @@
 // OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; opt-in until measured): Sᵀ and dPᵀ in two commit groups, the wait
 // for Sᵀ only (wgmma.wait_group 1), Pᵀ's exponentials while dPᵀ's wgmma runs, then the wait for dPᵀ and dSᵀ
 // (FlashAttention-3's intra-warpgroup overlap of the softmax with a matrix product). The same arithmetic in the
-// same order: Pᵀ, dSᵀ and so dq, dk, dv are bitwise those of the sequential consumer. At head_dim 128 it runs out
+// same order: Pᵀ, dSᵀ and so dk, dv are bitwise those of the sequential consumer (dq too, but for the order of its
+// atomic adds, which differs run to run in both). At head_dim 128 it runs out
 // of registers (ptxas 13.0: C7512, wgmmas serialised, 750-910 bytes spilled), as the forward's overlap did.
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
