@@ -9,7 +9,8 @@ kernels after FlashAttention-3 (Shah et al., 2024): a forward (``csrc/fwd_sm90.c
 mbarriers) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
 an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto`` runs each Hopper
 kernel only where it measured faster (forward at N ≥ 1024, backward at head_dim 128 and N ≥ 1024;
-see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md). Contract: see :mod:`kernels`.
+see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md); ``VIT_CUDA_FWD_SM90``, ``VIT_CUDA_BWD_DQ`` and
+``VIT_CUDA_BWD_SM90`` choose among the Hopper kernels' variants (:mod:`.ops`). Contract: see :mod:`kernels`.
 Limits of this backend:
 
 - dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.
