@@ -92,10 +92,13 @@ def _cfgs(names, rows):
 # fp32_delta's flag variants, which need more registers (their capped dQ rows spill 288-624 bytes:
 # benchmarks/results/h200_20261202_c/res_usage_triton38_sm90.txt). Under torch.compile the traced forward is tuned by
 # Inductor, which (as read in torch 2.14) keeps block sizes, warps and stages only, no cap, and times them itself; the
-# packed backward is an opaque op and tuned here. The 256 list is unswept (smaller tiles to fit shared memory).
+# packed backward is an opaque op and tuned here. The 256 list is unswept (smaller tiles to fit shared memory). Forward,
+# d = 128: (64, 64, 4, 3) took 2.072 ms at (8, 16, 4096, 128) against 2.166 for (128, 64, 8, 3) and 2.370 for
+# (128, 32, 4, 3), the row it replaced, which had also lost N = 197 to (128, 32, 8, 3), 0.307 against 0.288 ms
+# (h200_20261203_b/sweep_orig.log, h200_20261202_c.md).
 _FWD = {  # (BLOCK_M, BLOCK_N)
     64: [(64, 64, 4, 3, 112), (128, 64, 8, 3), (64, 32, 4, 3, 80)],
-    128: [(128, 32, 8, 3), (128, 64, 8, 3), (128, 32, 4, 3)],
+    128: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],  # (64, 64, 4, 3): h200_20261203_b/sweep_orig.log
     256: [(64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 2)],
 }
 _DKDV = {  # (BLOCK_M1, BLOCK_N1)
