@@ -10,7 +10,8 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dqtma`` and ``cuda-sm90-dqcols-tma``
 (those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma),
 ``cuda-sm90-overlap`` and ``cuda-sm90-dqtma-overlap`` (the Hopper backward's overlapped consumer, VIT_CUDA_BWD_SM90=overlap,
-with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
+with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-dqsum*`` (the two consumers' dQ summed in shared memory and
+added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
@@ -85,6 +86,9 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqcols-tma"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma")
         backends["cuda-sm90-overlap"] = cuda_with("sm90", "sm90", bwd_sm90="overlap")
         backends["cuda-sm90-dqtma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="tma", bwd_sm90="overlap")
+        backends["cuda-sm90-dqsum"] = cuda_with("sm90", "sm90", bwd_dq="sum")
+        backends["cuda-sm90-dqsum-tma"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma")
+        backends["cuda-sm90-dqsum-tma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma", bwd_sm90="overlap")
     return bench_shapes(backends, skip)
 
 
@@ -101,7 +105,8 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
-            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (name.endswith("overlap") and d != 64):
+            d64_only = name.endswith("overlap") or name.startswith("cuda-sm90-dqsum")
+            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64):
                 continue
             try:
                 with torch.no_grad():

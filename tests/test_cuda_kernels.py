@@ -157,18 +157,23 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     and half the default kernel's float2 atomics. Each also as a DQ_TMA kernel: no atomics, one TMA reduce-add
     (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores. Each of those
     also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
-    running) and the wait for dPᵀ."""
+    running) and the wait for dPᵀ. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
+    dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == 4, (name, list(kernels))  # (cols, tma) at 128, (tma, overlap) at 64
+        assert len(kernels) == (4 if d == 128 else 8), (name, list(kernels))  # (cols, tma); (sum, tma, overlap)
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
-            cols, tma, overlap = (flag == "1" for flag in re.search(r"ELb(\d)ELb(\d)ELb(\d)EE", kernel).groups())
+            mode, tma, overlap = re.search(r"ELi(\d)ELb(\d)ELb(\d)EE", kernel).groups()
+            cols, summed, tma, overlap = mode == "1", mode == "2", tma == "1", overlap == "1"
+            if summed:
+                assert len(re.findall(r"LDS\.64", sass)) == d // 4, f"{kernel}: consumer 0's dQ_w is not read back"
+                assert "BAR.SYNC.DEFER_BLOCKING 0x4, 0x100" in sass, f"{kernel}: no barrier of both consumers"
             if overlap:
                 assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{kernel}: no wait that leaves dPᵀ running"
                 between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
@@ -183,11 +188,12 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
             assert "HMMA.16816" not in sass, f"{kernel}: mma.sync in the Hopper backward"
             reduces = len(re.findall(r"UTMAREDG\.4D\.ADD", sass))
             assert reduces == ((64 if cols else d) // 32 if tma else 0), f"{kernel}: {reduces} TMA reduce-adds"
-            if tma:  # NQ float32 a thread as NQ / 2 float2
-                assert len(re.findall(r"STS\.64", sass)) == (64 if cols else d) // 4, f"{kernel}: dQ's staging stores"
+            if tma:  # NQ float32 a thread as NQ / 2 float2 (kDqSum: consumer 0's and the sum)
+                stores = (64 if cols else d) // 4 * (2 if summed else 1)
+                assert len(re.findall(r"STS\.64", sass)) == stores, f"{kernel}: dQ's staging stores"
                 assert not re.search(r"\bREDG", sass), f"{kernel}: atomics left in the TMA reduce-add kernel"
             else:
-                atomics.setdefault(cols, set()).add(len(re.findall(r"REDG\.E\.ADD\.F32x2", sass)))
+                atomics.setdefault(cols, set()).add(len(re.findall(r"REDG\.E\.ADD\.F32x2", sass)))  # sum: consumer 1's
         assert atomics[False] == {d // 4}, f"{name}: dQ is not D/4 float2 atomics per thread and step: {atomics}"
         if d == 128:
             assert atomics[True] == {d // 8}, f"{name}: the column split does not halve dQ's atomics"
@@ -397,30 +403,36 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
 
 
 def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
-    """(dq_cols, dq_tma, overlap) that ops passes to the extension's bwd_sm90 under VIT_CUDA_BWD_DQ and
+    """(dq_cols, dq_sum, dq_tma, overlap) that ops passes to the extension's bwd_sm90 under VIT_CUDA_BWD_DQ and
     VIT_CUDA_BWD_SM90."""
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
     monkeypatch.setattr(ops, "BWD_DQ", "auto")  # the column split where it measured faster: head_dim 128
     monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential until overlap is measured
-    assert ops.sm90_bwd_options(q128) == (True, False, False)
-    assert ops.sm90_bwd_options(q64) == (False, False, False)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, False)
+    assert ops.sm90_bwd_options(q64) == (False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
-    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False)
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
-    assert ops.sm90_bwd_options(q128) == (True, False, False)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, False)
     with pytest.raises(ValueError, match="columns has a kernel for head_dim 128.*got 64"):
         ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "tma")
-    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, True, False)
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, True, False)
     monkeypatch.setattr(ops, "BWD_SM90", "overlap")
-    assert ops.sm90_bwd_options(q64) == (False, True, True)
+    assert ops.sm90_bwd_options(q64) == (False, False, True, True)
     with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64, got 128"):
         ops.sm90_bwd_options(q128)
-    monkeypatch.setattr(ops, "BWD_DQ", "columns-tma")
+    monkeypatch.setattr(ops, "BWD_DQ", "sum-tma")
+    assert ops.sm90_bwd_options(q64) == (False, True, True, True)
     monkeypatch.setattr(ops, "BWD_SM90", "sequential")
-    assert ops.sm90_bwd_options(q128) == (True, True, False)
+    monkeypatch.setattr(ops, "BWD_DQ", "sum")
+    assert ops.sm90_bwd_options(q64) == (False, True, False, False)
+    with pytest.raises(ValueError, match="sum has a kernel for head_dim 64, got 128"):
+        ops.sm90_bwd_options(q128)
+    monkeypatch.setattr(ops, "BWD_DQ", "columns-tma")
+    assert ops.sm90_bwd_options(q128) == (True, False, True, False)
     with pytest.raises(ValueError, match="columns-tma has a kernel for head_dim 128.*got 64"):
         ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "split")
@@ -477,6 +489,8 @@ from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
 ops.BWD_DQ, ops.FWD_SM90, ops.BWD_SM90 = sys.argv[1], sys.argv[2], sys.argv[3]
 shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ in ("atomic", "tma") else ((1, 128), (300, 128))
+if ops.BWD_DQ.startswith("sum"):
+    shapes = ((1, 64), (300, 64))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
@@ -491,7 +505,7 @@ print("finished")
 @pytest.mark.parametrize("dq, schedule, bwd_schedule", [
     ("atomic", "sequential", "sequential"), ("columns", "sequential", "sequential"), ("atomic", "pingpong", "sequential"),
     ("tma", "sequential", "sequential"), ("columns-tma", "sequential", "sequential"), ("atomic", "sequential", "overlap"),
-    ("tma", "sequential", "overlap")])
+    ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "overlap")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma) run to the end in a child process, so
@@ -529,23 +543,25 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
-                                 "sm90-overlap", "sm90-overlap-dqtma"])
+                                 "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
     consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add; sm90-overlap: the
-    backward's overlapped consumer, with its default dQ or with TMA dQ)."""
+    backward's overlapped consumer, with its default dQ or with TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
+    summed in shared memory, added by atomics or TMA)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if bwd.startswith("sm90-overlap") and head_dim != 64:
-        pytest.skip("the overlapped consumer is for head_dim 64")
+    if bwd.startswith(("sm90-overlap", "sm90-dqsum")) and head_dim != 64:
+        pytest.skip("the overlapped consumer and the summed dQ are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
-                                        "sm90-overlap": "auto", "sm90-overlap-dqtma": "tma"}.get(bwd, "atomic"))
+                                        "sm90-overlap": "auto", "sm90-overlap-dqtma": "tma", "sm90-dqsum": "sum",
+                                        "sm90-dqsum-tma": "sum-tma"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
@@ -593,14 +609,14 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_tma):
     scale = 64 ** -0.5
     out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
-    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_tma, False)
-    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_tma, True)
+    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, dq_tma, False)
+    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, dq_tma, True)
     assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
     assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["atomic", "tma"])
+@pytest.mark.parametrize("dq", ["atomic", "tma", "sum-tma"])
 @pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128)])
 def test_sm90_size_one_batch_or_heads(B, H, N, dq, monkeypatch):
     """Size-1 dimensions (whose strides the TMA descriptors never use) and N on a tile boundary; dQ by atomics and
@@ -634,14 +650,16 @@ def test_sm90_each_stage_against_float64(head_dim):
     errs = {}
     ext = build.extension()
     kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0, None)),
-               "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, False))}
+               "sm90": (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, False, False))}
     kernels["sm90-pingpong"] = (ext.fwd_sm90_pingpong, lambda *a: ext.bwd(*a, 8, 0, None))
-    kernels["sm90-dqtma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, True, False))
+    kernels["sm90-dqtma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, True, False))
     if head_dim == 64:
-        kernels["sm90-overlap"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, True))
+        kernels["sm90-overlap"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, False, False, True))
+        kernels["sm90-dqsum"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, True, False, False))
+        kernels["sm90-dqsum-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, False, True, True, False))
     if head_dim == 128:
-        kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, False, False))
-        kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, True, False))
+        kernels["sm90-dqcols"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, False, False, False))
+        kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, lambda *a: ext.bwd_sm90(*a, None, True, False, True, False))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)

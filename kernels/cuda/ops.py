@@ -50,9 +50,11 @@ SM90_BWD_HEAD_DIMS = (128,)
 # 10.2 ms vs atomic 12.7 ms; both pass the GPU tests (benchmarks/results/cuda_bench_sm90_dqcols_h200.log,
 # cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
 # "tma" and "columns-tma" (opt-in, not yet run on a GPU): the same dQ products, added into the float32 accumulator by
-# TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA).
+# TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA). "sum" and
+# "sum-tma" (head_dim 64; opt-in, not yet run on a GPU): the two consumers' dQ summed in shared memory and added once
+# a step, half the adds (kDqSum).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
-BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma")
+BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64;
 # opt-in, not yet run on a GPU: Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of
 # registers); "auto" is sequential until measured. It applies where the Hopper backward runs: at head_dim 64 only with
@@ -211,28 +213,31 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
-def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool]:
-    """``(dq_cols, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ`` (env
-    ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (head_dim 128), "auto": columns
-    at head_dim 128, atomic at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim
-    64), "auto": sequential).
+def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool]:
+    """``(dq_cols, dq_sum, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ`` (env
+    ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma" (64);
+    "auto": columns at head_dim 128, atomic at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential",
+    "overlap" (head_dim 64), "auto": sequential).
 
     Raises:
-        ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, "columns" / "columns-tma" at a head_dim other
-            than 128, or "overlap" at one other than 64.
+        ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, or a mode at a head_dim it has no kernel for.
     """
     if BWD_DQ not in BWD_DQ_MODES:
         raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
     if BWD_SM90 not in BWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
-    mode = ("columns" if q.shape[-1] == 128 else "atomic") if BWD_DQ == "auto" else BWD_DQ
-    cols = mode.startswith("columns")
-    if cols and q.shape[-1] != 128:
-        raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got "
-                         f"{q.shape[-1]}; use atomic or tma, or unset it (auto)")
-    if BWD_SM90 == "overlap" and q.shape[-1] != 64:
-        raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64, got {q.shape[-1]}; unset it (auto)")
-    return cols, mode.endswith("tma"), BWD_SM90 == "overlap"
+    head_dim = q.shape[-1]
+    mode = ("columns" if head_dim == 128 else "atomic") if BWD_DQ == "auto" else BWD_DQ
+    cols, summed = mode.startswith("columns"), mode.startswith("sum")
+    if cols and head_dim != 128:
+        raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got {head_dim}; use "
+                         f"atomic or tma, or unset it (auto)")
+    if summed and head_dim != 64:
+        raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 64, got {head_dim}; use columns or "
+                         f"columns-tma, or unset it (auto)")
+    if BWD_SM90 == "overlap" and head_dim != 64:
+        raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64, got {head_dim}; unset it (auto)")
+    return cols, summed, mode.endswith("tma"), BWD_SM90 == "overlap"
 
 
 @attn_bwd.register_fake

@@ -13,10 +13,13 @@
 //                                     MN-major, over this warpgroup's 64 keys only
 //   dq_accum += dQ_w with float32 atomics (REDG.F32x2), so both consumers add to the same rows:
 //   twice the atomics of a 128-key split, and dq is not bitwise reproducible (dk, dv are).
-// DQ_COLS (head_dim 128 only, VIT_CUDA_BWD_DQ=columns; opt-in until it has passed the GPU tests):
+// The dQ mode DQ: kDqOwn as above; kDqCols (head_dim 128 only, VIT_CUDA_BWD_DQ=columns, the default there):
 // instead, consumer w computes dQ[:, 64w..64w+63] = dS K[:, 64w..] over all 128 keys (both halves of
 // dSᵀ, so the dSᵀ barriers span both consumers) and adds it once: half the atomics per CTA and
-// 32 accumulator registers instead of 64.
+// 32 accumulator registers instead of 64. kDqSum (head_dim 64 only, VIT_CUDA_BWD_DQ=sum; opt-in until measured):
+// consumer 0 stores its dQ_w in shared memory, consumer 1 adds it to its own and adds the sum to dq_accum, so a
+// CTA adds one 64 x 64 float32 tile a step instead of two (at head_dim 128 the column split did the same for
+// atomics and measured 10.2 against 12.7 ms fwd+bwd).
 // DQ_TMA (VIT_CUDA_BWD_DQ=tma or columns-tma; opt-in until it has passed the GPU tests): instead of the
 // atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
 // (bank-conflict free for the accumulator fragments), and one thread adds the box into dq_accum with one
@@ -33,6 +36,7 @@
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
 #include <cuda.h>
+#include <type_traits>
 #include "bwd.cuh"
 #include "fwd_sm90.cuh"
 
@@ -61,10 +65,12 @@ template <int D> struct BwdSm90Traits {
 // What differs between the kernel variants: shared memory (DQ_TMA adds the consumers' dQ staging boxes, float32, 64
 // rows x the columns each one adds) and the register split (DQ_TMA: 24 for the producer, 240 for each consumer, as
 // FlashAttention-3 splits three warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
-template <int D, bool DQ_COLS, bool DQ_TMA> struct BwdSm90Variant {
+enum : int { kDqOwn = 0, kDqCols = 1, kDqSum = 2 };  // dQ modes (the comment at the top)
+
+template <int D, int DQ, bool DQ_TMA> struct BwdSm90Variant {
   using Tr = BwdSm90Traits<D>;
-  static constexpr int kSmemBytes =
-      Tr::kSmemBytes + (DQ_TMA ? Tr::kConsumers * Tr::kBlockM * (DQ_COLS ? 64 : D) * 4 : 0);
+  static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
+  static constexpr int kSmemBytes = Tr::kSmemBytes + kBoxes * Tr::kBlockM * (DQ == kDqCols ? 64 : D) * 4;
   static constexpr int kProducerRegs = DQ_TMA ? 24 : Tr::kProducerRegs;
   static constexpr int kConsumerRegs = DQ_TMA ? 240 : Tr::kConsumerRegs;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
@@ -154,22 +160,33 @@ __device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa
 }
 
 // dQ_w (this warpgroup's 64 query rows x 2·NQ columns, the float32 accumulator fragments: element 4j + 2r + u at
-// row 16·warp + g + 8r, column 8j + 2t + u) into the staging boxes TMA reads: 32-column blocks of 64 rows x 128 B,
-// 16-byte chunk c of row r at chunk c ^ (r % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A warp's float2 stores then touch
-// each bank twice: two wavefronts, no conflict.
+// row 16·warp + g + 8r, column 8j + 2t + u) in the staging boxes TMA reads: 32-column blocks of 64 rows x 128 B,
+// 16-byte chunk c of row r at chunk c ^ (r % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A warp's float2 accesses then touch
+// each bank twice: two wavefronts, no conflict. Offset (floats) of elements 4j + 2r and 4j + 2r + 1:
+__device__ __forceinline__ int dq_box_offset(int j, int r, int warp, int g, int t) {
+  const int row = warp * 16 + g + 8 * r, col = 8 * j + 2 * t, lc = col % 32;
+  return (col / 32) * 64 * 32 + row * 32 + (((lc / 4) ^ (row % 8)) * 4) + lc % 4;
+}
 template <int NQ> __device__ __forceinline__ void bwd_sm90_store_dq(float *dQw, const float (&dqw)[NQ], int warp, int g,
                                                                     int t) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = warp * 16 + g + 8 * r;
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < NQ / 4; ++j)
+      *reinterpret_cast<float2 *>(dQw + dq_box_offset(j, r, warp, g, t)) =
+          make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]);
+}
+// dqw += what bwd_sm90_store_dq left in the box (kDqSum: consumer 1 adds consumer 0's dQ_w, element for element).
+template <int NQ> __device__ __forceinline__ void bwd_sm90_add_dq(const float *dQw, float (&dqw)[NQ], int warp, int g,
+                                                                  int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
 #pragma unroll
     for (int j = 0; j < NQ / 4; ++j) {
-      const int col = 8 * j + 2 * t, lc = col % 32;
-      float *box = dQw + (col / 32) * 64 * 32 + row * 32;
-      *reinterpret_cast<float2 *>(box + (((lc / 4) ^ (row % 8)) * 4) + lc % 4) =
-          make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]);
+      const float2 o = *reinterpret_cast<const float2 *>(dQw + dq_box_offset(j, r, warp, g, t));
+      dqw[4 * j + 2 * r] += o.x;
+      dqw[4 * j + 2 * r + 1] += o.y;
     }
-  }
 }
 
 // The thread of a warpgroup that issues its bulk copies, read from threadIdx each time (a register kept for it
@@ -192,13 +209,13 @@ template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float 
 }
 
 // The barrier around dSᵀ in shared memory: this warpgroup's (it reads only its own dSᵀ), or both
-// consumers' (DQ_COLS: each reads all of dSᵀ).
-template <bool DQ_COLS> __device__ __forceinline__ void ds_sync(int w) {
-  if constexpr (DQ_COLS) named_barrier_sync<3, 256>();
+// consumers' (kDqCols: each reads all of dSᵀ; kDqSum: it also orders the dQ staging box between them).
+template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
+  if constexpr (DQ != kDqOwn) named_barrier_sync<3, 256>();
   else warpgroup_sync(w);
 }
 
-template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
@@ -208,7 +225,9 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
-  static_assert(!DQ_COLS || D == 128, "the column split of dQ needs two 64-column blocks");
+  static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
+  static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
+  constexpr bool DQ_COLS = DQ == kDqCols;
   static_assert(!OVERLAP || D == 64, "the overlapped consumer runs out of registers at head_dim 128");
   constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
@@ -218,7 +237,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   T *dSw = dSs + w * 64 * BM;
-  float *dQw = dQs + w * BM * 2 * NQ;                      // DQ_TMA: this warpgroup's staging boxes
+  float *dQw = DQ == kDqSum ? dQs : dQs + w * BM * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   float dk[NO], dv[NO];
 #pragma unroll
@@ -276,7 +295,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
         sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
       }
-    ds_sync<DQ_COLS>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
+    ds_sync<DQ>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
 
@@ -300,7 +319,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 
     if constexpr (DQ_TMA)  // the staging boxes are written after the next barrier
       if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read them
-    ds_sync<DQ_COLS>(w);  // all of dSᵀ is in shared memory
+    ds_sync<DQ>(w);  // all of dSᵀ is in shared memory (kDqSum: and consumer 1 has read the staging box)
     fence_operands(dqw);
     wgmma_fence();
     if constexpr (DQ_COLS) {
@@ -318,26 +337,38 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     wgmma_wait<0>();
     fence_operands(dqw);
 
-    if constexpr (DQ_TMA) {
-      bwd_sm90_store_dq(dQw, dqw, warp, g, t);
-      fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
-      warpgroup_sync(w);
-      if (warpgroup_leader()) {
+    auto add_to_accum = [&] {  // dqw into dq_accum: by TMA reduce-add from the staging box, or atomics
+      if constexpr (DQ_TMA) {
+        bwd_sm90_store_dq(dQw, dqw, warp, g, t);
+        fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
+        warpgroup_sync(w);
+        if (warpgroup_leader()) {
 #pragma unroll
-        for (int c = 0; c < NQ / 16; ++c)  // rows m0.. (those past N are dropped), columns of this box
-          tma_reduce_add_4d(tm_dq, dQw + c * BM * 32, (DQ_COLS ? 64 * w : 0) + 32 * c, m0, blockIdx.y, blockIdx.z);
-        bulk_commit();
+          for (int c = 0; c < NQ / 16; ++c)  // rows m0.. (those past N are dropped), columns of this box
+            tma_reduce_add_4d(tm_dq, dQw + c * BM * 32, (DQ_COLS ? 64 * w : 0) + 32 * c, m0, blockIdx.y, blockIdx.z);
+          bulk_commit();
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
+          const int m = m0 + warp * 16 + g + 8 * r;
+          if (m >= N) continue;
+#pragma unroll
+          for (int j = 0; j < NQ / 4; ++j)
+            atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
+                      make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
+        }
+      }
+    };
+    if constexpr (DQ == kDqSum) {  // consumer 0 hands its dQ_w to consumer 1 through the staging box
+      if (w == 0) bwd_sm90_store_dq(dQw, dqw, warp, g, t);
+      named_barrier_sync<4, 256>();  // consumer 0's dQ_w is in shared memory
+      if (w == 1) {
+        bwd_sm90_add_dq(dQw, dqw, warp, g, t);  // same thread, same elements: dqw = consumer 1's + consumer 0's
+        add_to_accum();
       }
     } else {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
-        const int m = m0 + warp * 16 + g + 8 * r;
-        if (m >= N) continue;
-#pragma unroll
-        for (int j = 0; j < NQ / 4; ++j)
-          atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
-                    make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
-      }
+      add_to_accum();
     }
   }
 
@@ -360,7 +391,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -394,11 +425,11 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    setmaxnreg_dec<BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kProducerRegs>();
+    setmaxnreg_dec<BwdSm90Variant<D, DQ, DQ_TMA>::kProducerRegs>();
     if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
   } else {
-    setmaxnreg_inc<BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D, DQ_COLS, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
+    setmaxnreg_inc<BwdSm90Variant<D, DQ, DQ_TMA>::kConsumerRegs>();
+    bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
                                                 m_blocks());
   }
 #elif defined(__CUDA_ARCH__)
@@ -406,11 +437,11 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
 #endif
 }
 
-template <int DTYPE, int D, bool DQ_COLS, bool DQ_TMA, bool OVERLAP>
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90Traits<D>;
-  auto kernel = bwd_sm90_kernel<DTYPE, D, DQ_COLS, DQ_TMA, OVERLAP>;
-  constexpr int smem = BwdSm90Variant<D, DQ_COLS, DQ_TMA>::kSmemBytes;
+  auto kernel = bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>;
+  constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA>::kSmemBytes;
   *what = "setting the sm90 backward's shared memory size";
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
@@ -435,6 +466,10 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the overlapped consumer (head_dim 64 only)";
     return cudaErrorInvalidValue;
   }
+  if ((opt.dq_sum && D != 64) || (opt.dq_sum && opt.dq_cols)) {
+    *what = "the summed dQ (head_dim 64 only, not with the column split)";
+    return cudaErrorInvalidValue;
+  }
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
   *what = "the backward's delta kernel";
@@ -451,20 +486,21 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     return cudaErrorInvalidValue;
   *what = "cuTensorMapEncodeTiled (the float32 dQ accumulator)";
   if (opt.dq_tma && !encode_dq_tensor_map(&tm[4], p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
-  // one kernel per (DQ_COLS, DQ_TMA, OVERLAP): DQ_COLS at head_dim 128, OVERLAP at 64
+  // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum and OVERLAP at 64
+  auto pick = [&](auto dq) {
+    constexpr int M = decltype(dq)::value;
+    if (opt.overlap && D == 64)
+      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, D == 64>(tm, p, stream, what)
+                        : launch_bwd_sm90<DTYPE, D, M, false, D == 64>(tm, p, stream, what);
+    return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, false>(tm, p, stream, what)
+                      : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
+  };
   if constexpr (D == 128) {
-    if (opt.dq_cols)
-      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, true, true, false>(tm, p, stream, what)
-                        : launch_bwd_sm90<DTYPE, D, true, false, false>(tm, p, stream, what);
-    return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, false>(tm, p, stream, what)
-                      : launch_bwd_sm90<DTYPE, D, false, false, false>(tm, p, stream, what);
+    if (opt.dq_cols) return pick(std::integral_constant<int, kDqCols>{});
   } else {
-    if (opt.overlap)
-      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, true>(tm, p, stream, what)
-                        : launch_bwd_sm90<DTYPE, D, false, false, true>(tm, p, stream, what);
-    return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, false, true, false>(tm, p, stream, what)
-                      : launch_bwd_sm90<DTYPE, D, false, false, false>(tm, p, stream, what);
+    if (opt.dq_sum) return pick(std::integral_constant<int, kDqSum>{});
   }
+  return pick(std::integral_constant<int, kDqOwn>{});
 }
 
 }  // namespace vitk
