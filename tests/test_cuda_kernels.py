@@ -505,7 +505,8 @@ print("finished")
 @pytest.mark.parametrize("dq, schedule, bwd_schedule", [
     ("atomic", "sequential", "sequential"), ("columns", "sequential", "sequential"), ("atomic", "pingpong", "sequential"),
     ("tma", "sequential", "sequential"), ("columns-tma", "sequential", "sequential"), ("atomic", "sequential", "overlap"),
-    ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "overlap")])
+    ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
+    ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma) run to the end in a child process, so
@@ -543,7 +544,8 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("head_dim", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
-                                 "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma"])
+                                 "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
+                                 "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -554,14 +556,15 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if bwd.startswith(("sm90-overlap", "sm90-dqsum")) and head_dim != 64:
+    if ("overlap" in bwd or "dqsum" in bwd) and head_dim != 64:
         pytest.skip("the overlapped consumer and the summed dQ are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
                                         "sm90-overlap": "auto", "sm90-overlap-dqtma": "tma", "sm90-dqsum": "sum",
-                                        "sm90-dqsum-tma": "sum-tma"}.get(bwd, "atomic"))
+                                        "sm90-dqsum-tma": "sum-tma", "sm90-overlap-dqsum": "sum",
+                                        "sm90-overlap-dqsum-tma": "sum-tma"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
@@ -596,9 +599,10 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq_tma", [False, True], ids=["atomic", "tma"])
+@pytest.mark.parametrize("dq_sum, dq_tma", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["atomic", "tma", "sum", "sum-tma"])
 @pytest.mark.parametrize("N", [1, 129, 577, 4096])
-def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_tma):
+def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_sum, dq_tma):
     """The overlapped consumer does the sequential one's arithmetic in the same order: dk and dv (each CTA writes its
     own) bitwise equal. dq is a float32 sum of atomic adds from every key tile, in an order that differs run to run,
     rounded to bf16: equal to within about one bf16 step of its largest entry."""
@@ -609,10 +613,28 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_tma):
     scale = 64 ** -0.5
     out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
-    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, dq_tma, False)
-    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, False, dq_tma, True)
+    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, dq_tma, False)
+    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, dq_tma, True)
     assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
     assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq_tma", [False, True], ids=["atomic", "tma"])
+@pytest.mark.parametrize("N", [129, 1025])
+def test_sm90_summed_dq_leaves_dk_dv_bitwise(N, dq_tma):
+    """The summed dQ changes only what follows the dQ product: dk and dv bitwise those of each consumer adding its own
+    dQ; dq within about one bf16 step of its largest entry (both are float32 sums in a run-dependent order)."""
+    if not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    out, lse = ext.fwd_sm90(q, k, v, 0.125)
+    do = torch.randn_like(out)
+    own = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, dq_tma, False)
+    summed = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, True, dq_tma, False)
+    assert torch.equal(own[1], summed[1]) and torch.equal(own[2], summed[2])
+    assert max_err(own[0], summed[0]) <= 1e-2 * own[0].abs().max().item()
 
 
 @pytest.mark.gpu

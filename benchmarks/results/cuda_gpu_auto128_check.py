@@ -14,6 +14,6 @@ from kernels.cuda import attention, ops
 for n in (1025, 4096):
     q, k, v = make_qkv(1, 2, n, 128, dtype=torch.bfloat16, device="cuda")
     assert (ops.fwd_path(q), ops.bwd_path(q), ops.BWD_DQ) == ("sm90", "sm90", "auto")
-    assert ops.sm90_bwd_options(q) == (True, False, False)  # the column-split dQ (bwd_sm90_dqcols when this ran)
+    assert ops.sm90_bwd_options(q) == (True, False, False, False)  # the column-split dQ (bwd_sm90_dqcols when this ran)
     print(n, check_against_reference(attention, q, k, v), flush=True)
 print("auto128 ok")

@@ -52,7 +52,8 @@ SM90_BWD_HEAD_DIMS = (128,)
 # "tma" and "columns-tma" (opt-in, not yet run on a GPU): the same dQ products, added into the float32 accumulator by
 # TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA). "sum" and
 # "sum-tma" (head_dim 64; opt-in, not yet run on a GPU): the two consumers' dQ summed in shared memory and added once
-# a step, half the adds (kDqSum).
+# a step, half the adds (kDqSum). Like every setting here, it applies where the Hopper backward runs: at head_dim
+# 64 only with VIT_CUDA_BWD=sm90.
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64;
