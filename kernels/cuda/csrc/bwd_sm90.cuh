@@ -209,7 +209,8 @@ template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float 
 }
 
 // The barrier around dSᵀ in shared memory: this warpgroup's (it reads only its own dSᵀ), or both
-// consumers' (kDqCols: each reads all of dSᵀ; kDqSum: it also orders the dQ staging box between them).
+// consumers' (kDqCols: each reads all of dSᵀ; kDqSum: the second also orders the dQ staging box between them; its
+// first could be this warpgroup's, but then the TMA + overlap kernel spilled 16 bytes, ptxas 13.0).
 template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
   if constexpr (DQ != kDqOwn) named_barrier_sync<3, 256>();
   else warpgroup_sync(w);
