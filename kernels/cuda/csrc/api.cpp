@@ -173,8 +173,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
                       q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64, "the overlapped sm90 consumer needs head_dim 64, got ",
                       q.size(3));
-    TORCH_CHECK_VALUE(!sm90_opt.dq_sum || (q.size(3) == 64 && !sm90_opt.dq_cols),
-                      "the summed dQ needs head_dim 64 and no column split, got head_dim ", q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, "the summed dQ needs head_dim 64, got ", q.size(3));
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);

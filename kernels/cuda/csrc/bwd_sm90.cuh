@@ -62,10 +62,12 @@ template <int D> struct BwdSm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-// What differs between the kernel variants: shared memory (DQ_TMA adds the consumers' dQ staging boxes, float32, 64
-// rows x the columns each one adds) and the register split (DQ_TMA: 24 for the producer, 240 for each consumer, as
-// FlashAttention-3 splits three warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
 enum : int { kDqOwn = 0, kDqCols = 1, kDqSum = 2 };  // dQ modes (the comment at the top)
+
+// What differs between the kernel variants: shared memory (the dQ staging boxes, float32, 64 rows x the columns each
+// consumer adds: one per consumer with DQ_TMA, one shared with kDqSum) and the register split (DQ_TMA: 24 for the
+// producer, 240 for each consumer, as FlashAttention-3 splits three warpgroups; at 40 / 232 the head_dim-128 DQ_TMA
+// kernels spilled 12 bytes, ptxas 13.0).
 
 template <int D, int DQ, bool DQ_TMA> struct BwdSm90Variant {
   using Tr = BwdSm90Traits<D>;
@@ -256,18 +258,20 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
+    auto issue_s = [&](int kk) {  // Sᵀ += K_w Qᵀ over head columns 16kk..16kk+15
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+    };
+    auto issue_dp = [&](int kk) {  // dPᵀ += V_w dOᵀ, the same columns
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+    };
     if constexpr (OVERLAP) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int blk = kk / 4, col = (kk % 4) * 16;
-        wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
-      }
+      for (int kk = 0; kk < D / 16; ++kk) issue_s(kk);
       wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int blk = kk / 4, col = (kk % 4) * 16;
-        wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
-      }
+      for (int kk = 0; kk < D / 16; ++kk) issue_dp(kk);
       wgmma_commit();
       wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
       fence_operands(s);
@@ -277,11 +281,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       fence_operands(dp);
     } else {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int blk = kk / 4, col = (kk % 4) * 16;
-        wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
-        wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
-      }
+      for (int kk = 0; kk < D / 16; ++kk) issue_s(kk), issue_dp(kk);
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(s);
@@ -467,8 +467,8 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the overlapped consumer (head_dim 64 only)";
     return cudaErrorInvalidValue;
   }
-  if ((opt.dq_sum && D != 64) || (opt.dq_sum && opt.dq_cols)) {
-    *what = "the summed dQ (head_dim 64 only, not with the column split)";
+  if (opt.dq_sum && D != 64) {  // (with the column split: rejected above, at head_dim 64)
+    *what = "the summed dQ (head_dim 64 only)";
     return cudaErrorInvalidValue;
   }
   const int64_t rows = (int64_t)p.B * p.H * p.N;
@@ -490,9 +490,10 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
   // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum and OVERLAP at 64
   auto pick = [&](auto dq) {
     constexpr int M = decltype(dq)::value;
-    if (opt.overlap && D == 64)
-      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, D == 64>(tm, p, stream, what)
-                        : launch_bwd_sm90<DTYPE, D, M, false, D == 64>(tm, p, stream, what);
+    constexpr bool OV = D == 64;  // an OVERLAP kernel exists at head_dim 64 only (opt.overlap checked above)
+    if (opt.overlap)
+      return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, OV>(tm, p, stream, what)
+                        : launch_bwd_sm90<DTYPE, D, M, false, OV>(tm, p, stream, what);
     return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, false>(tm, p, stream, what)
                       : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
   };
