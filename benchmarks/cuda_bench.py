@@ -35,7 +35,8 @@ from kernels.vector_add import add_cuda, add_torch, add_triton
 
 # Rows run in the order of `backends` per shape, peers first: a kernel that faults poisons the CUDA context for every
 # later row.
-SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (2, 12, 16384, 64), (64, 12, 577, 64), (8, 16, 4096, 128)]
+SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (2, 12, 16384, 64), (64, 12, 577, 64), (8, 16, 4096, 128),
+          (256, 12, 197, 128)]
 
 
 def time_ms(fn, args_list, warmup=3, rep=20) -> float:

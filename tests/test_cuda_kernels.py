@@ -344,11 +344,11 @@ def _paths(monkeypatch, setting, capability, head_dim=64, seq_len=4096, has_sm90
 
 
 @pytest.mark.parametrize("capability, head_dim, seq_len, expected", [
-    # Hopper: forward sm90 from N = 1024 at d 64/128, backward sm90 there only at d = 128
+    # Hopper: forward sm90 from N = 128 at d 64/128, backward sm90 there only at d = 128
     ((9, 0), 64, 4096, ("sm90", "sm80")), ((9, 0), 128, 4096, ("sm90", "sm90")),
-    ((9, 0), 64, 1024, ("sm90", "sm80")), ((9, 0), 128, 1024, ("sm90", "sm90")),
-    ((9, 0), 64, 577, ("sm80", "sm80")), ((9, 0), 128, 1023, ("sm80", "sm80")),
-    ((9, 0), 64, 197, ("sm80", "sm80")), ((9, 0), 32, 4096, ("sm80", "sm80")),
+    ((9, 0), 64, 577, ("sm90", "sm80")), ((9, 0), 128, 197, ("sm90", "sm90")),
+    ((9, 0), 64, 128, ("sm90", "sm80")), ((9, 0), 128, 127, ("sm80", "sm80")),
+    ((9, 0), 64, 17, ("sm80", "sm80")), ((9, 0), 32, 4096, ("sm80", "sm80")),
     ((8, 0), 64, 4096, ("sm80", "sm80")), ((8, 9), 128, 4096, ("sm80", "sm80")),
     ((10, 0), 64, 4096, ("sm80", "sm80"))])
 def test_auto_picks_each_kernel_where_it_measured_faster(monkeypatch, capability, head_dim, seq_len, expected):
@@ -408,10 +408,10 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
-    monkeypatch.setattr(ops, "BWD_DQ", "auto")  # the column split where it measured faster: head_dim 128
-    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential until overlap is measured
-    assert ops.sm90_bwd_options(q128) == (True, False, False, False)
-    assert ops.sm90_bwd_options(q64) == (False, False, False, False)
+    monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, sum-tma at 64
+    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential: overlap measured slower
+    assert ops.sm90_bwd_options(q128) == (True, False, True, False)
+    assert ops.sm90_bwd_options(q64) == (False, True, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
     assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
@@ -696,10 +696,11 @@ def test_sm90_each_stage_against_float64(head_dim):
 def test_auto_runs_the_sm90_kernels_on_hopper():
     if not _is_hopper():
         pytest.skip("needs a compute capability 9.0 GPU")
-    q = torch.empty(1, 1, 4096, 128, device="cuda", dtype=torch.bfloat16)
     assert ops.FWD_PATH == ops.BWD_PATH == "auto" and build.extension().has_sm90
-    assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
-    assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm80")
+    for n in (197, 4096):
+        q = torch.empty(1, 1, n, 128, device="cuda", dtype=torch.bfloat16)
+        assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
+        assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm80")
 
 
 @pytest.mark.gpu
@@ -765,7 +766,7 @@ def _grads(q, k, v, do, **options):
 def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim, monkeypatch):
     """attention.deterministic=true: dq (and dk, dv) bitwise equal over five runs, at shapes with one dq slice per
     (batch, head) (B·H ≥ SMs) and with many (long N, B·H = 2), within the float64 rule; and on Hopper at head_dim
-    128, N ≥ 1024, where auto would run the Hopper backward, the mma.sync one runs instead."""
+    128, N ≥ 128, where auto would run the Hopper backward, the mma.sync one runs instead."""
     q, k, v = make_qkv(B, H, N, head_dim, dtype=torch.bfloat16, device="cuda")
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     splits = ops.dq_splits(q.new_empty(B, H, N, cuda._padded_head_dim(head_dim)), ops.BWD_WARPS)  # as the op sees q

@@ -8,7 +8,7 @@ kernels after FlashAttention-3 (Shah et al., 2024): a forward (``csrc/fwd_sm90.c
 ``wgmma`` from shared memory, a producer warpgroup feeding two consumer warpgroups through
 mbarriers) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
 an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto`` runs each Hopper
-kernel only where it measured faster (forward at N ≥ 1024, backward at head_dim 128 and N ≥ 1024;
+kernel only where it measured faster (forward at N ≥ 128, backward at head_dim 128 and N ≥ 128;
 see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md); ``VIT_CUDA_FWD_SM90``, ``VIT_CUDA_BWD_DQ`` and
 ``VIT_CUDA_BWD_SM90`` choose among the Hopper kernels' variants (:mod:`.ops`). Contract: see :mod:`kernels`.
 Limits of this backend:

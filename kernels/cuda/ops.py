@@ -35,31 +35,32 @@ FWD_PATH = os.environ.get("VIT_CUDA_FWD", "auto")
 BWD_PATH = os.environ.get("VIT_CUDA_BWD", "auto")
 PATHS = ("auto", "sm80", "sm90")
 SM90_HEAD_DIMS = (64, 128)
-# auto on compute capability 9.0 (H200, bf16, fwd+bwd ms, benchmarks/results/cuda_h200.md 2026-12-01):
-# - forward sm90 at seq_len >= 1024: N=4096 d=64 5.756 vs mma.sync 6.407, d=128 14.905 vs 17.459,
-#   N=16384 21.770 vs 24.303; below it mma.sync: N=577 1.592 vs 1.484 (forward alone 0.293 vs
-#   0.367), N=197 1.356 vs 1.265. N between 577 and 4096 is unmeasured.
-# - backward sm90 at head_dim 128 (80, 96 padded) and seq_len >= 1024: N=4096 12.724 vs 14.905
-#   (sm90 forward both); at head_dim 64 slower at every N (N=4096 6.218 vs 5.756, N=16384 22.361
-#   vs 21.770, N=197 1.450 vs 1.356); head_dim 128 below N=4096 unmeasured.
-SM90_MIN_SEQ_LEN = 1024
+# auto on compute capability 9.0 (H200, bf16, ms; benchmarks/results/h200_20261204_b.md, two runs of cuda_bench):
+# - forward sm90 at seq_len >= 128 (one 128-row tile; 197 is the shortest measured), head_dim 64 and 128 (80, 96
+#   padded): forward alone (64, 12, 577, 64) 0.303 / 0.296 vs mma.sync 0.376 / 0.418, (256, 12, 197, 128) 0.405 vs
+#   0.527; (256, 12, 197, 64) a tie, 0.310 / 0.275 vs 0.351 / 0.270 (fwd+bwd 1.353 / 1.163 vs 1.362 / 1.317); at
+#   N >= 4096 0.95-1.00x cuDNN against 0.52-0.58x for mma.sync (cuda_h200.md).
+# - backward sm90 at head_dim 128 from the same seq_len: fwd+bwd with the sm90 forward, (8, 16, 4096, 128) 10.569 vs
+#   14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015. At head_dim 64 its fastest dQ (sum-tma)
+#   loses at N=4096 (5.975 vs 5.869), N=577 (1.697 vs 1.448) and N=197 (1.597 vs 1.353) and wins only at N=16384
+#   (21.559 vs 22.135): the mma.sync backward stays auto there.
+SM90_MIN_SEQ_LEN = 128
 SM90_BWD_HEAD_DIMS = (128,)
-# dQ in the Hopper backward: "atomic" (each consumer warpgroup adds dS·K over its own 64 keys) or
-# "columns" (each adds 64 of dQ's columns over all 128 keys: half the atomics; head_dim 128 only).
-# "auto": columns at head_dim 128, atomic at 64. H200, bf16, fwd+bwd at (8, 16, 4096, 128): columns
-# 10.2 ms vs atomic 12.7 ms; both pass the GPU tests (benchmarks/results/cuda_bench_sm90_dqcols_h200.log,
-# cuda_gpu_tests_sm90_dqcols_h200.log, 2026-12-01).
-# "tma" and "columns-tma" (opt-in, not yet run on a GPU): the same dQ products, added into the float32 accumulator by
-# TMA reduce-add from a shared-memory staging box instead of float32 atomics (csrc/bwd_sm90.cuh, DQ_TMA). "sum" and
-# "sum-tma" (head_dim 64; opt-in, not yet run on a GPU): the two consumers' dQ summed in shared memory and added once
-# a step, half the adds (kDqSum). Like every setting here, it applies where the Hopper backward runs: at head_dim
-# 64 only with VIT_CUDA_BWD=sm90.
+# dQ in the Hopper backward (csrc/bwd_sm90.cuh): "atomic" (each consumer warpgroup adds dS·K over its own 64 keys by
+# float32 atomics), "columns" (each adds 64 of dQ's columns over all 128 keys: half the adds; head_dim 128 only),
+# "tma" and "columns-tma" (the same products stored into a shared-memory staging box and added by TMA reduce-add,
+# DQ_TMA), "sum" and "sum-tma" (head_dim 64: the two consumers' dQ summed in shared memory and added once a step,
+# kDqSum). "auto": columns-tma at head_dim 128, sum-tma at 64. H200, bf16, fwd+bwd ms, one run
+# (benchmarks/results/h200_20261204_b.md): (8, 16, 4096, 128) columns-tma 10.669, tma 10.827, columns 11.817;
+# head_dim 64 (where the Hopper backward runs only with VIT_CUDA_BWD=sm90) sum-tma against atomic: (8, 12, 4096)
+# 5.975 vs 7.086, (2, 12, 16384) 21.559 vs 25.882, (64, 12, 577) 1.697 vs 2.008, (256, 12, 197) 1.597 vs 1.545.
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma")
-# The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64;
-# opt-in, not yet run on a GPU: Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of
-# registers); "auto" is sequential until measured. It applies where the Hopper backward runs: at head_dim 64 only with
-# VIT_CUDA_BWD=sm90 (BWD_PATH), since auto runs the mma.sync backward there.
+# The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:
+# Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). "auto": sequential.
+# Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
+# (2, 12, 16384, 64) 27.520 vs 25.882, (256, 12, 197, 64) 1.736 vs 1.545. It applies where the Hopper backward runs:
+# at head_dim 64 only with VIT_CUDA_BWD=sm90 (BWD_PATH), since auto runs the mma.sync backward there.
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
@@ -217,7 +218,7 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
 def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool]:
     """``(dq_cols, dq_sum, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ`` (env
     ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma" (64);
-    "auto": columns at head_dim 128, atomic at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential",
+    "auto": columns-tma at head_dim 128, sum-tma at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential",
     "overlap" (head_dim 64), "auto": sequential).
 
     Raises:
@@ -228,7 +229,7 @@ def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool]:
     if BWD_SM90 not in BWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
     head_dim = q.shape[-1]
-    mode = ("columns" if head_dim == 128 else "atomic") if BWD_DQ == "auto" else BWD_DQ
+    mode = ("columns-tma" if head_dim == 128 else "sum-tma") if BWD_DQ == "auto" else BWD_DQ
     cols, summed = mode.startswith("columns"), mode.startswith("sum")
     if cols and head_dim != 128:
         raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got {head_dim}; use "
