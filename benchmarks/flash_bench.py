@@ -265,9 +265,6 @@ _TMA_TILES = {"fwd_tma": [(64, 64, 4), (128, 64, 8), (128, 128, 8), (64, 128, 4)
               "bwd_fused_tma": [(64, 64, 4), (64, 128, 8), (32, 128, 4), (128, 128, 8), (64, 64, 8)]}
 SWEEP.update({which: [(*t, stages, ws) for t in tiles for stages in (2, 3, 4) for ws in (False, True)]
               for which, tiles in _TMA_TILES.items()})
-# The one-program-per-head backward of short sequences (kernels/flash/short.py): (BLOCK_N3, num_warps, num_stages);
-# compare with dkdv + dq at the same shape (N ≤ 256)
-SWEEP["bwd_short"] = [(16, 8, 2), (16, 8, 3), (16, 16, 2), (32, 8, 2), (32, 16, 2), (16, 4, 2), (32, 8, 3), (64, 16, 2)]
 SWEEP_SHAPES = [(256, 12, 197, 64), (8, 12, 4096, 64), (256, 12, 197, 128), (8, 16, 4096, 128)]
 _NAMES = {"fwd": ("BLOCK_M", "BLOCK_N"), "dkdv": ("BLOCK_M1", "BLOCK_N1"), "dq": ("BLOCK_M2", "BLOCK_N2")}
 _NAMES.update({f"{w}_tma": n for w, n in list(_NAMES.items())})
@@ -277,11 +274,9 @@ _NAMES["bwd_fused_tma"] = _NAMES["dkdv"]
 def _single(which, cfg):
     import triton
 
-    from kernels.flash import configs, hopper, short
+    from kernels.flash import configs, hopper
     from kernels.flash import kernels as K
 
-    if which == "bwd_short":
-        return triton.autotune(configs.short_configs([cfg]), key=["N_BUCKET", "HEAD_DIM"])(short.flash_bwd_short_kernel)
     kernel = {"fwd": K.flash_fwd_kernel, "dkdv": K.flash_bwd_dkdv_kernel, "dq": K.flash_bwd_dq_kernel,
               "fwd_tma": hopper.flash_fwd_tma_kernel, "dkdv_tma": hopper.flash_bwd_dkdv_tma_kernel,
               "dq_tma": hopper.flash_bwd_dq_tma_kernel, "bwd_fused_tma": hopper.flash_bwd_fused_tma_kernel}[which]
@@ -321,9 +316,6 @@ def _run_one(which, tuner, tensors):
     N = q.shape[2]
     dkdv_ints = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *g1.stride(), *g2.stride(), q.shape[1], N,
                  configs.n_bucket(N))
-    if which == "bwd_short":  # dq, dk, dv at once
-        dq = torch.empty_like(q)
-        return lambda: op.launch_short(tuner, q, k, v, do, dq, g1, g2, out, lse, scale, direct=True)
     if which == "bwd_fused_tma":  # dk, dv and dQ's reduce-adds into a float32 buffer (timed without re-zeroing it)
         dqacc = torch.zeros(q.shape, device=q.device)
         return lambda: op._launch(tuner, "BLOCK_N1", "bwd fused", q, (q, k, v, do, g1, g2, dqacc, lse, delta),
@@ -378,18 +370,14 @@ def sweep(kernels=None, shapes=None):
 
     sweep_ = {w: c for w, c in SWEEP.items() if not kernels or w in kernels}
     shapes = shapes or SWEEP_SHAPES
-    jobs = [(w, cfg, s, "bfloat16") for s in shapes for w, cfgs in sweep_.items() for cfg in cfgs
-            if w != "bwd_short" or s[2] <= configs.SHORT_MAX_N]
+    jobs = [(w, cfg, s, "bfloat16") for s in shapes for w, cfgs in sweep_.items() for cfg in cfgs]
     compile_parallel(jobs)
     for shape in shapes:
         B, H, N, d = shape
         flops = {"fwd": 4 * B * H * N * N * d, "dkdv": 8 * B * H * N * N * d, "dq": 6 * B * H * N * N * d}
-        flops.update({f"{w}_tma": f for w, f in list(flops.items())}, bwd_fused_tma=10 * B * H * N * N * d,
-                     bwd_short=10 * B * H * N * N * d)
+        flops.update({f"{w}_tma": f for w, f in list(flops.items())}, bwd_fused_tma=10 * B * H * N * N * d)
         tensors = _make_tensors(shape, torch.bfloat16, real=True)
         for which, cfgs in sweep_.items():
-            if which == "bwd_short" and N > configs.SHORT_MAX_N:
-                continue
             results = []
             for cfg in cfgs:
                 try:

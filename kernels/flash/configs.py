@@ -18,7 +18,7 @@ import time
 import torch
 import triton
 
-from . import kernels, short
+from . import kernels
 
 INTERPRETED = not isinstance(kernels.flash_fwd_kernel, triton.runtime.JITFunction)
 
@@ -132,28 +132,6 @@ def _tuned(kernel, names, table, which):
 FWD = _tuned(kernels.flash_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD, "fwd")
 DKDV = _tuned(kernels.flash_bwd_dkdv_kernel, ("BLOCK_M1", "BLOCK_N1"), _DKDV, "dkdv")
 DQ = _tuned(kernels.flash_bwd_dq_kernel, ("BLOCK_M2", "BLOCK_N2"), _DQ, "dq")
-
-
-# The one-program-per-head backward of short sequences (kernels/flash/short.py): (BLOCK_N3, num_warps, num_stages) per
-# head-dim class, for N ≤ SHORT_MAX_N (one N_PAD-row tile of queries: N_PAD × d float32 dQ accumulators per program).
-SHORT_MAX_N = 256
-_SHORT = {64: [(16, 8, 2), (16, 16, 2), (32, 8, 2)]}  # head_dim 128: N_PAD 256 needs 287 KB of shared memory
-_SHORT_INTERPRETER = (16, 4, 1)
-
-
-def short_configs(rows) -> list:
-    """triton.Configs of (BLOCK_N3, num_warps, num_stages) rows."""
-    return [triton.Config({"BLOCK_N3": r[0]}, num_warps=r[1], num_stages=r[2]) for r in rows]
-
-
-SHORT = {cls: triton.autotune(short_configs([_SHORT_INTERPRETER] if INTERPRETED else rows),
-                              key=["N_BUCKET", "HEAD_DIM"], do_bench=_bench)(short.flash_bwd_short_kernel)
-         for cls, rows in _SHORT.items()}
-
-
-def short_pad(seq_len: int) -> int:
-    """N_PAD of the short backward: the power of two ≥ max(seq_len, 16) (tl.dot's smallest extent)."""
-    return max(16, _next_power_of_2(seq_len))
 
 
 def head_dim_class(head_dim: int) -> int:

@@ -146,19 +146,6 @@ def launch_dq(tuner, q, k, v, do, dq, out, lse, delta, softmax_scale, direct=Fal
              q.shape[1], N, configs.n_bucket(N)), lambda: _dq_meta(q, (add_res,)), direct, (add_res,))
 
 
-def launch_short(tuner, q, k, v, do, dq, dk, dv, out, lse, softmax_scale, direct=False):
-    """Run the one-program-per-head backward (kernels/flash/short.py, N ≤ configs.SHORT_MAX_N): dq, dk, dv at once,
-    delta formed inside. One program per (batch, head): the grid's tile count is cdiv(N, N_PAD) = 1."""
-    N = q.shape[2]
-    _launch(tuner, "N_PAD", "bwd short", q, (q, k, v, do, dq, dk, dv, out, lse), (softmax_scale, softmax_scale * LOG2E),
-            (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *dk.stride(), *dv.stride(),
-             *out.stride(), q.shape[1], N, configs.n_bucket(N)), lambda: _short_meta(q, ()), direct)
-
-
-def _short_meta(q, flags) -> dict:  # no flags
-    return {**_meta(q), "N_PAD": configs.short_pad(q.shape[2])}
-
-
 def _empty_out(q: torch.Tensor) -> torch.Tensor:
     """``(B, H, N, d)`` laid out as ``(B, N, H, d)`` in memory, as SDPA does: the caller's
     ``out.transpose(1, 2).reshape(B, N, H·d)`` is then a view, not a copy. In the ViT that saves one

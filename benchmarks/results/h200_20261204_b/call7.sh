@@ -1,0 +1,1 @@
+source .device/common.sh; BUDGET=170; phase train512 165 python3 -m benchmarks.train --models vit_base_patch16_512 --eager timm cuda --compiled timm cuda --rounds 4 --out $OUT --name train512_cuda; finish
