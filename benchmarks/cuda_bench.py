@@ -11,7 +11,8 @@ the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dq
 (those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma),
 ``cuda-sm90-overlap`` and ``cuda-sm90-dqtma-overlap`` (the Hopper backward's overlapped consumer, VIT_CUDA_BWD_SM90=overlap,
 with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-dqsum*`` (the two consumers' dQ summed in shared memory and
-added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
+added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-dqrows*`` (128 query rows a step, dQ
+split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
@@ -90,6 +91,8 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqsum"] = cuda_with("sm90", "sm90", bwd_dq="sum")
         backends["cuda-sm90-dqsum-tma"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma")
         backends["cuda-sm90-dqsum-tma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma", bwd_sm90="overlap")
+        backends["cuda-sm90-dqrows"] = cuda_with("sm90", "sm90", bwd_dq="rows")
+        backends["cuda-sm90-dqrows-tma"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma")
     return bench_shapes(backends, skip)
 
 
@@ -106,7 +109,7 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
-            d64_only = name.endswith("overlap") or name.startswith("cuda-sm90-dqsum")
+            d64_only = name.endswith("overlap") or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
             if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64):
                 continue
             try:

@@ -158,19 +158,21 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores. Each of those
     also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
     running) and the wait for dPᵀ. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
-    dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once."""
+    dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
+    dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
+    keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once)."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (4 if d == 128 else 8), (name, list(kernels))  # (cols, tma); (sum, tma, overlap)
+        assert len(kernels) == (4 if d == 128 else 10), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
             mode, tma, overlap = re.search(r"ELi(\d)ELb(\d)ELb(\d)EE", kernel).groups()
-            cols, summed, tma, overlap = mode == "1", mode == "2", tma == "1", overlap == "1"
+            cols, summed, rows, tma, overlap = mode == "1", mode == "2", mode == "3", tma == "1", overlap == "1"
             if summed:
                 assert len(re.findall(r"LDS\.64", sass)) == d // 4, f"{kernel}: consumer 0's dQ_w is not read back"
                 assert "BAR.SYNC.DEFER_BLOCKING 0x4, 0x100" in sass, f"{kernel}: no barrier of both consumers"
@@ -180,10 +182,11 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
                 assert between.count("MUFU.EX2") == 32, f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
             else:
                 assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass, kernel
-            assert len(re.findall(mma.format(64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)", sass)) == 2 * d // 16, kernel
-            assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == 8, kernel
+            s_mma = mma.format(128 if rows else 64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)"
+            assert len(re.findall(s_mma, sass)) == 2 * d // 16, kernel
+            assert len(re.findall(mma.format(d) + r" R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)) == (16 if rows else 8), kernel
             dq = mma.format(64 if cols else d) + r" R\d+, gdesc\[UR\d+\]\.tnspA\.tnspB"
-            assert len(re.findall(dq, sass)) == (8 if cols else 4), kernel
+            assert len(re.findall(dq, sass)) == (8 if cols or rows else 4), kernel
             assert "UTMALDG.4D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, kernel
             assert "HMMA.16816" not in sass, f"{kernel}: mma.sync in the Hopper backward"
             reduces = len(re.findall(r"UTMAREDG\.4D\.ADD", sass))
@@ -403,38 +406,48 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
 
 
 def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
-    """(dq_cols, dq_sum, dq_tma, overlap) that ops passes to the extension's bwd_sm90 under VIT_CUDA_BWD_DQ and
+    """(dq_cols, dq_sum, dq_rows, dq_tma, overlap) that ops passes to the extension's bwd_sm90 under VIT_CUDA_BWD_DQ and
     VIT_CUDA_BWD_SM90."""
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
     monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, sum-tma at 64
     monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential: overlap measured slower
-    assert ops.sm90_bwd_options(q128) == (True, False, True, False)
-    assert ops.sm90_bwd_options(q64) == (False, True, True, False)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, True, False)
+    assert ops.sm90_bwd_options(q64) == (False, True, False, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
-    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False)
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
-    assert ops.sm90_bwd_options(q128) == (True, False, False, False)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, False, False)
     with pytest.raises(ValueError, match="columns has a kernel for head_dim 128.*got 64"):
         ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "tma")
-    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, True, False)
+    assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, True, False)
     monkeypatch.setattr(ops, "BWD_SM90", "overlap")
-    assert ops.sm90_bwd_options(q64) == (False, False, True, True)
-    with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64, got 128"):
+    assert ops.sm90_bwd_options(q64) == (False, False, False, True, True)
+    with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64 with 64 query rows a step, got head_dim 128"):
         ops.sm90_bwd_options(q128)
     monkeypatch.setattr(ops, "BWD_DQ", "sum-tma")
-    assert ops.sm90_bwd_options(q64) == (False, True, True, True)
+    assert ops.sm90_bwd_options(q64) == (False, True, False, True, True)
     monkeypatch.setattr(ops, "BWD_SM90", "sequential")
     monkeypatch.setattr(ops, "BWD_DQ", "sum")
-    assert ops.sm90_bwd_options(q64) == (False, True, False, False)
+    assert ops.sm90_bwd_options(q64) == (False, True, False, False, False)
     with pytest.raises(ValueError, match="sum has a kernel for head_dim 64, got 128"):
         ops.sm90_bwd_options(q128)
     monkeypatch.setattr(ops, "BWD_DQ", "columns-tma")
-    assert ops.sm90_bwd_options(q128) == (True, False, True, False)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, True, False)
     with pytest.raises(ValueError, match="columns-tma has a kernel for head_dim 128.*got 64"):
         ops.sm90_bwd_options(q64)
+    monkeypatch.setattr(ops, "BWD_DQ", "rows-tma")
+    assert ops.sm90_bwd_options(q64) == (False, False, True, True, False)
+    with pytest.raises(ValueError, match="rows-tma has a kernel for head_dim 64, got 128"):
+        ops.sm90_bwd_options(q128)
+    monkeypatch.setattr(ops, "BWD_DQ", "rows")
+    assert ops.sm90_bwd_options(q64) == (False, False, True, False, False)
+    monkeypatch.setattr(ops, "BWD_SM90", "overlap")
+    with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64 with 64 query rows"):
+        ops.sm90_bwd_options(q64)
+    monkeypatch.setattr(ops, "BWD_SM90", "sequential")
     monkeypatch.setattr(ops, "BWD_DQ", "split")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
         ops.sm90_bwd_options(q128)
@@ -489,7 +502,7 @@ from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
 ops.BWD_DQ, ops.FWD_SM90, ops.BWD_SM90 = sys.argv[1], sys.argv[2], sys.argv[3]
 shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ in ("atomic", "tma") else ((1, 128), (300, 128))
-if ops.BWD_DQ.startswith("sum"):
+if ops.BWD_DQ.startswith(("sum", "rows")):
     shapes = ((1, 64), (300, 64))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
@@ -506,7 +519,8 @@ print("finished")
     ("atomic", "sequential", "sequential"), ("columns", "sequential", "sequential"), ("atomic", "pingpong", "sequential"),
     ("tma", "sequential", "sequential"), ("columns-tma", "sequential", "sequential"), ("atomic", "sequential", "overlap"),
     ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
-    ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap")])
+    ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
+    ("rows-tma", "sequential", "sequential")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma) run to the end in a child process, so
@@ -545,26 +559,28 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
-                                 "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma"])
+                                 "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
     consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add; sm90-overlap: the
-    backward's overlapped consumer, with its default dQ or with TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
-    summed in shared memory, added by atomics or TMA)."""
+    backward's overlapped consumer, with atomic or TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
+    summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
+    rows across the consumers)."""
     if not _is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if ("overlap" in bwd or "dqsum" in bwd) and head_dim != 64:
-        pytest.skip("the overlapped consumer and the summed dQ are for head_dim 64")
+    if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd) and head_dim != 64:
+        pytest.skip("the overlapped consumer, the summed and the row-split dQ are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
-                                        "sm90-overlap": "auto", "sm90-overlap-dqtma": "tma", "sm90-dqsum": "sum",
+                                        "sm90-overlap": "atomic", "sm90-overlap-dqtma": "tma", "sm90-dqsum": "sum",
                                         "sm90-dqsum-tma": "sum-tma", "sm90-overlap-dqsum": "sum",
-                                        "sm90-overlap-dqsum-tma": "sum-tma"}.get(bwd, "atomic"))
+                                        "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
+                                        "sm90-dqrows-tma": "rows-tma"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
@@ -613,8 +629,8 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_sum, dq_tma):
     scale = 64 ** -0.5
     out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
-    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, dq_tma, False)
-    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, dq_tma, True)
+    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, False, dq_tma, False)
+    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, False, dq_tma, True)
     assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
     assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
 
@@ -631,15 +647,15 @@ def test_sm90_summed_dq_leaves_dk_dv_bitwise(N, dq_tma):
     q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
     out, lse = ext.fwd_sm90(q, k, v, 0.125)
     do = torch.randn_like(out)
-    own = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, dq_tma, False)
-    summed = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, True, dq_tma, False)
+    own = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, False, dq_tma, False)
+    summed = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, True, False, dq_tma, False)
     assert torch.equal(own[1], summed[1]) and torch.equal(own[2], summed[2])
     assert max_err(own[0], summed[0]) <= 1e-2 * own[0].abs().max().item()
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq", ["atomic", "tma", "sum-tma"])
-@pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128)])
+@pytest.mark.parametrize("dq", ["atomic", "tma", "sum-tma", "rows-tma"])
+@pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128), (2, 2, 50)])
 def test_sm90_size_one_batch_or_heads(B, H, N, dq, monkeypatch):
     """Size-1 dimensions (whose strides the TMA descriptors never use) and N on a tile boundary; dQ by atomics and
     by TMA reduce-add (a descriptor over the float32 accumulator too)."""
@@ -701,6 +717,22 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
         q = torch.empty(1, 1, n, 128, device="cuda", dtype=torch.bfloat16)
         assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
         assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm80")
+        assert ops.sm90_bwd_options(q) == (True, False, False, True, False)  # columns-tma
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("seq_len", [127, 129, 197, 577, 1025])
+def test_auto_defaults_against_float64(seq_len, head_dim):
+    """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
+    on Hopper the pingpong forward with the columns-tma backward at head_dim 80/128, the sequential forward with the
+    mma.sync backward at 64, mma.sync below N = 128."""
+    settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
+    if any(name in os.environ for name in settings):
+        pytest.skip("a VIT_CUDA_* setting in the environment overrides the defaults under test")
+    assert ops.FWD_PATH == ops.BWD_PATH == ops.BWD_DQ == ops.FWD_SM90 == ops.BWD_SM90 == "auto"
+    q, k, v = make_qkv(2, 3, seq_len, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_against_reference(attention, q, k, v)
 
 
 @pytest.mark.gpu

@@ -39,23 +39,25 @@ SM90_HEAD_DIMS = (64, 128)
 # - forward sm90 at seq_len >= 128 (one 128-row tile; 197 is the shortest measured), head_dim 64 and 128 (80, 96
 #   padded): forward alone (64, 12, 577, 64) 0.303 / 0.296 vs mma.sync 0.376 / 0.418, (256, 12, 197, 128) 0.405 vs
 #   0.527; (256, 12, 197, 64) a tie, 0.310 / 0.275 vs 0.351 / 0.270 (fwd+bwd 1.353 / 1.163 vs 1.362 / 1.317); at
-#   N >= 4096 0.95-1.00x cuDNN against 0.52-0.58x for mma.sync (cuda_h200.md).
+#   N >= 4096 0.88-0.98x cuDNN's forward against 0.37-0.57x for mma.sync (cuda_h200.md, 2026-12-01).
 # - backward sm90 at head_dim 128 from the same seq_len: fwd+bwd with the sm90 forward, (8, 16, 4096, 128) 10.569 vs
-#   14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015. At head_dim 64 its fastest dQ (sum-tma)
-#   loses at N=4096 (5.975 vs 5.869), N=577 (1.697 vs 1.448) and N=197 (1.597 vs 1.353) and wins only at N=16384
-#   (21.559 vs 22.135): the mma.sync backward stays auto there.
+#   14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015. At head_dim 64 its fastest dQ at each N
+#   loses to the mma.sync backward at N=4096 (sum-tma 5.975 vs 5.869), N=577 (sum 1.660 vs 1.448) and N=197 (tma
+#   1.524 vs 1.353) and wins only at N=16384 (sum-tma 21.559 vs 22.135): the mma.sync backward stays auto there.
 SM90_MIN_SEQ_LEN = 128
 SM90_BWD_HEAD_DIMS = (128,)
 # dQ in the Hopper backward (csrc/bwd_sm90.cuh): "atomic" (each consumer warpgroup adds dS·K over its own 64 keys by
 # float32 atomics), "columns" (each adds 64 of dQ's columns over all 128 keys: half the adds; head_dim 128 only),
 # "tma" and "columns-tma" (the same products stored into a shared-memory staging box and added by TMA reduce-add,
 # DQ_TMA), "sum" and "sum-tma" (head_dim 64: the two consumers' dQ summed in shared memory and added once a step,
-# kDqSum). "auto": columns-tma at head_dim 128, sum-tma at 64. H200, bf16, fwd+bwd ms, one run
+# kDqSum), "rows" and "rows-tma" (head_dim 64: 128 query rows a step instead of 64, FlashAttention-3's head_dim-64
+# tile, with consumer w adding dQ's rows 64w.. over all 128 keys, kDqRows; built, not yet run on a GPU).
+# "auto": columns-tma at head_dim 128, sum-tma at 64. H200, bf16, fwd+bwd ms, one run
 # (benchmarks/results/h200_20261204_b.md): (8, 16, 4096, 128) columns-tma 10.669, tma 10.827, columns 11.817;
 # head_dim 64 (where the Hopper backward runs only with VIT_CUDA_BWD=sm90) sum-tma against atomic: (8, 12, 4096)
 # 5.975 vs 7.086, (2, 12, 16384) 21.559 vs 25.882, (64, 12, 577) 1.697 vs 2.008, (256, 12, 197) 1.597 vs 1.545.
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
-BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma")
+BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma", "rows", "rows-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:
 # Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). "auto": sequential.
 # Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
@@ -215,11 +217,11 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
-def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool]:
-    """``(dq_cols, dq_sum, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ`` (env
-    ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma" (64);
-    "auto": columns-tma at head_dim 128, sum-tma at 64) and ``BWD_SM90`` (env ``VIT_CUDA_BWD_SM90``: "sequential",
-    "overlap" (head_dim 64), "auto": sequential).
+def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
+    """``(dq_cols, dq_sum, dq_rows, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ``
+    (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
+    "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, sum-tma at 64) and ``BWD_SM90`` (env
+    ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "auto": sequential).
 
     Raises:
         ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, or a mode at a head_dim it has no kernel for.
@@ -230,16 +232,17 @@ def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool]:
         raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
     head_dim = q.shape[-1]
     mode = ("columns-tma" if head_dim == 128 else "sum-tma") if BWD_DQ == "auto" else BWD_DQ
-    cols, summed = mode.startswith("columns"), mode.startswith("sum")
+    cols, summed, rows = mode.startswith("columns"), mode.startswith("sum"), mode.startswith("rows")
     if cols and head_dim != 128:
         raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got {head_dim}; use "
                          f"atomic or tma, or unset it (auto)")
-    if summed and head_dim != 64:
+    if (summed or rows) and head_dim != 64:
         raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 64, got {head_dim}; use columns or "
                          f"columns-tma, or unset it (auto)")
-    if BWD_SM90 == "overlap" and head_dim != 64:
-        raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64, got {head_dim}; unset it (auto)")
-    return cols, summed, mode.endswith("tma"), BWD_SM90 == "overlap"
+    if BWD_SM90 == "overlap" and (head_dim != 64 or rows):
+        raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64 with 64 query rows a step, got "
+                         f"head_dim {head_dim} and VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
+    return cols, summed, rows, mode.endswith("tma"), BWD_SM90 == "overlap"
 
 
 @attn_bwd.register_fake

@@ -174,6 +174,9 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
     TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64, "the overlapped sm90 consumer needs head_dim 64, got ",
                       q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, "the summed dQ needs head_dim 64, got ", q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || q.size(3) == 64, "the row-split dQ needs head_dim 64, got ", q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || !(sm90_opt.dq_sum || sm90_opt.dq_cols || sm90_opt.overlap),
+                      "the row-split dQ is its own dQ mode: not with dq_cols, dq_sum or overlap");
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -221,9 +224,10 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv, bool dq_cols,
-                                 bool dq_sum, bool dq_tma, bool overlap) {
+                                 bool dq_sum, bool dq_rows, bool dq_tma, bool overlap) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_sum, dq_tma, overlap}, 0, dqkv);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_sum, dq_rows, dq_tma, overlap}, 0,
+                  dqkv);
 }
 
 // CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
@@ -274,9 +278,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd_split_ctas_per_sm", &bwd_split_ctas_per_sm, "CTAs of the deterministic mma.sync backward (dq_splits > 0) "
         "that one SM holds at once: (bf16, head_dim, bwd_warps, device) -> int");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
-        "dqkv, dq_cols, dq_sum, dq_tma, overlap) -> [dq, dk, dv]; dq_cols: dQ split by columns across the "
-        "consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim 64), "
-        "dq_tma: dQ added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma "
-        "(head_dim 64)");
+        "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap) -> [dq, dk, dv]; dq_cols: dQ split by columns across "
+        "the consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim "
+        "64), dq_rows: 128 query rows a step, dQ split by rows across the consumers (head_dim 64), dq_tma: dQ "
+        "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64)");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

@@ -1,6 +1,6 @@
 // Hopper backward (sm_90a): FlashAttention-2's Algorithm 2 (as bwd.cuh) on the forward's Hopper
 // machinery (fwd_sm90.cuh: TMA, wgmma, a producer warpgroup, mbarriers). Passes the GPU tests on
-// an H200; ops.py's auto runs it at head_dim 128 and N >= 1024, where it measured faster.
+// an H200; ops.py's auto runs it at head_dim 128 and N >= 128, where it measured faster.
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
@@ -13,26 +13,33 @@
 //                                     MN-major, over this warpgroup's 64 keys only
 //   dq_accum += dQ_w with float32 atomics (REDG.F32x2), so both consumers add to the same rows:
 //   twice the atomics of a 128-key split, and dq is not bitwise reproducible (dk, dv are).
-// The dQ mode DQ: kDqOwn as above; kDqCols (head_dim 128 only, VIT_CUDA_BWD_DQ=columns, the default there):
+// The dQ mode DQ: kDqOwn as above; kDqCols (head_dim 128 only, VIT_CUDA_BWD_DQ=columns; with DQ_TMA the default there):
 // instead, consumer w computes dQ[:, 64w..64w+63] = dS K[:, 64w..] over all 128 keys (both halves of
 // dSᵀ, so the dSᵀ barriers span both consumers) and adds it once: half the atomics per CTA and
-// 32 accumulator registers instead of 64. kDqSum (head_dim 64 only, VIT_CUDA_BWD_DQ=sum; opt-in until measured):
+// 32 accumulator registers instead of 64. kDqSum (head_dim 64 only, VIT_CUDA_BWD_DQ=sum or sum-tma):
 // consumer 0 stores its dQ_w in shared memory, consumer 1 adds it to its own and adds the sum to dq_accum, so a
 // CTA adds one 64 x 64 float32 tile a step instead of two (at head_dim 128 the column split did the same for
 // atomics and measured 10.2 against 12.7 ms fwd+bwd).
-// DQ_TMA (VIT_CUDA_BWD_DQ=tma or columns-tma; opt-in until it has passed the GPU tests): instead of the
+// DQ_TMA (VIT_CUDA_BWD_DQ=tma, columns-tma (the head_dim-128 default), sum-tma, rows-tma): instead of the
 // atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
 // (bank-conflict free for the accumulator fragments), and one thread adds the box into dq_accum with one
 // TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
 // does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
 // after the issuing thread's bulk_wait_read, placed before the step's second dSᵀ barrier (a whole step after the
 // copy was issued, so no thread waits on it unless the copy is still reading).
-// OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; opt-in until measured): Sᵀ and dPᵀ in two commit groups, the wait
+// OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; measured slower, opt-in): Sᵀ and dPᵀ in two commit groups, the wait
 // for Sᵀ only (wgmma.wait_group 1), Pᵀ's exponentials while dPᵀ's wgmma runs, then the wait for dPᵀ and dSᵀ
 // (FlashAttention-3's intra-warpgroup overlap of the softmax with a matrix product). The same arithmetic in the
 // same order: Pᵀ, dSᵀ and so dk, dv are bitwise those of the sequential consumer (dq too, but for the order of its
 // atomic adds, which differs run to run in both). At head_dim 128 it runs out
 // of registers (ptxas 13.0: C7512, wgmmas serialised, 750-910 bytes spilled), as the forward's overlap did.
+// kDqRows (head_dim 64 only, VIT_CUDA_BWD_DQ=rows or rows-tma; built, not yet run on a GPU): FlashAttention-3's
+// head_dim-64 tile, 128 query rows a step instead of 64. Sᵀ and dPᵀ become m64n128 products (N = 64 gave the
+// head_dim-64 kernels their small wgmmas: at 128 the dK and dV products already have N = 128), dV and dK take 8
+// k-steps, dSᵀ is stored in two 64-query blocks, and consumer w computes dQ's rows 64w..64w+63 of the step over all
+// 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. Each
+// step's lse and delta go through shared memory (one per thread of each consumer, loaded under the products): read
+// from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
 #pragma once
 #include <cuda.h>
@@ -42,12 +49,13 @@
 
 namespace vitk {
 
-template <int D> struct BwdSm90Traits {
+template <int D, int BM = 64> struct BwdSm90Traits {
   static_assert(D == 64 || D == 128, "the sm90 backward has kernels for head_dim 64 and 128");
+  static_assert(BM == 64 || (BM == 128 && D == 64), "128 query rows a step: head_dim 64 only (kDqRows)");
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockN = 64 * kConsumers;  // keys per CTA
-  static constexpr int kBlockM = 64;               // query rows per step
+  static constexpr int kBlockM = BM;               // query rows per step
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = D / 64;
   static constexpr int kKVBytes = kBlockN * D * 2;   // K or V
@@ -62,19 +70,24 @@ template <int D> struct BwdSm90Traits {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
-enum : int { kDqOwn = 0, kDqCols = 1, kDqSum = 2 };  // dQ modes (the comment at the top)
+enum : int { kDqOwn = 0, kDqCols = 1, kDqSum = 2, kDqRows = 3 };  // dQ modes (the comment at the top)
+// The traits of a dQ mode: kDqRows steps over 128 query rows, the others over 64.
+template <int D, int DQ> using BwdSm90TraitsOf = BwdSm90Traits<D, DQ == kDqRows ? 128 : 64>;
 
-// What differs between the kernel variants: shared memory (the dQ staging boxes, float32, 64 rows x the columns each
-// consumer adds: one per consumer with DQ_TMA, one shared with kDqSum) and the register split (DQ_TMA: 24 for the
-// producer, 240 for each consumer, as FlashAttention-3 splits three warpgroups; at 40 / 232 the head_dim-128 DQ_TMA
-// kernels spilled 12 bytes, ptxas 13.0).
+// What differs between the kernel variants: the query rows a step (kDqRows: 128), shared memory (the dQ staging
+// boxes, float32, 64 rows x the columns each consumer adds: one per consumer with DQ_TMA, one shared with kDqSum) and
+// the register split (DQ_TMA and kDqRows: 24 for the producer, 240 for each consumer, as FlashAttention-3 splits three
+// warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
 
 template <int D, int DQ, bool DQ_TMA> struct BwdSm90Variant {
-  using Tr = BwdSm90Traits<D>;
+  using Tr = BwdSm90TraitsOf<D, DQ>;
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
-  static constexpr int kSmemBytes = Tr::kSmemBytes + kBoxes * Tr::kBlockM * (DQ == kDqCols ? 64 : D) * 4;
-  static constexpr int kProducerRegs = DQ_TMA ? 24 : Tr::kProducerRegs;
-  static constexpr int kConsumerRegs = DQ_TMA ? 240 : Tr::kConsumerRegs;
+  static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
+  static constexpr int kLsdFloats = DQ == kDqRows ? Tr::kConsumers * 2 * Tr::kBlockM : 0;  // a step's lse, delta
+  static constexpr int kSmemBytes = Tr::kSmemBytes + (kBoxFloats + kLsdFloats) * 4;
+  static constexpr bool kWide = DQ_TMA || DQ == kDqRows;  // the consumers' 240 registers
+  static constexpr int kProducerRegs = kWide ? 24 : Tr::kProducerRegs;
+  static constexpr int kConsumerRegs = kWide ? 240 : Tr::kConsumerRegs;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
   static_assert(kProducerRegs + Tr::kConsumers * kConsumerRegs <= (1 + Tr::kConsumers) * Tr::kLaunchRegs,
                 "register split");
@@ -109,18 +122,20 @@ __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const 
   }
 }
 
-// Pᵀ of one 64-key x 64-query tile in place (s -> Pᵀ), zero past N. Thread's element 4c + 2r + u: key `key` + 8r,
-// query m0 + 8c + 2t + u; lse is read once per query.
-__device__ __forceinline__ void bwd_sm90_softmax(float (&s)[32], const float *lse, float sl2, int m0, int key, int N,
-                                                 int t) {
+// Pᵀ of one 64-key x BM-query tile in place (s -> Pᵀ, BM/2 elements), zero past N. Thread's element 4c + 2r + u:
+// key `key` + 8r, query m = m0 + 8c + 2t + u; lse is read once per query, at lse[m - lse0] (lse0 = 0: the head's
+// lse in global memory; m0: this step's copy in shared memory).
+template <int NS>
+__device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *lse, int lse0, float sl2, int m0, int key,
+                                                 int N, int t) {
   const bool key_ok[2] = {key < N, key + 8 < N};
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
+  for (int c = 0; c < NS / 4; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
       const bool ok = m < N;
-      const float l2 = ok ? lse[m] * kLog2e : 0.f;
+      const float l2 = ok ? lse[m - lse0] * kLog2e : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * c + 2 * r + u;
@@ -129,15 +144,17 @@ __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[32], const float *ls
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale in place (dp -> dSᵀ), from bwd_sm90_softmax's Pᵀ; delta read once per query.
-__device__ __forceinline__ void bwd_sm90_grad(const float (&s)[32], float (&dp)[32], const float *delta, float scale,
-                                              int m0, int N, int t) {
+// dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale in place (dp -> dSᵀ), from bwd_sm90_softmax's Pᵀ; delta read once per query, at
+// delta[m - lse0] as lse.
+template <int NS>
+__device__ __forceinline__ void bwd_sm90_grad(const float (&s)[NS], float (&dp)[NS], const float *delta, int lse0,
+                                              float scale, int m0, int N, int t) {
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
+  for (int c = 0; c < NS / 4; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
-      const float dl = m < N ? delta[m] : 0.f;
+      const float dl = m < N ? delta[m - lse0] : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * c + 2 * r + u;
@@ -146,18 +163,21 @@ __device__ __forceinline__ void bwd_sm90_grad(const float (&s)[32], float (&dp)[
     }
 }
 
-// dSᵀ (this warpgroup's 64 keys x 64 queries) into shared memory, rows = keys, 128-byte rows with the
-// 128B swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)) that the MN-major descriptor expects.
+// dSᵀ (this warpgroup's 64 keys x BM queries) into shared memory, rows = keys, in blocks of 64 queries: block j holds
+// all 128 keys' queries 64j..64j+63 (block stride 128 rows x 128 B), 128-byte rows with the 128B swizzle (16-byte
+// chunk c of row r at chunk c ^ (r % 8)) that the MN-major descriptor expects. dSw: this warpgroup's first row.
 // Input: the packed A fragments sa[kk] (kk = 16-query step; e = 0..3: rows g, g+8 of n8-tile 2kk, then
 // of tile 2kk+1), so n8-tile i, row half r is sa[i / 2][2 (i % 2) + r].
-__device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa)[4][4], int warp, int g, int t) {
+template <int NK>
+__device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa)[NK][4], int warp, int g, int t) {
   unsigned char *base = static_cast<unsigned char *>(dSw);
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < 2 * NK; ++i)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = 16 * warp + g + 8 * r;
-      *reinterpret_cast<uint32_t *>(base + row * 128 + ((i ^ (row & 7)) << 4) + 4 * t) = sa[i / 2][2 * (i % 2) + r];
+      const int row = 16 * warp + g + 8 * r, chunk = i % 8;
+      *reinterpret_cast<uint32_t *>(base + (i / 8) * 128 * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+          sa[i / 2][2 * (i % 2) + r];
     }
 }
 
@@ -205,6 +225,10 @@ template <int DTYPE, int D> __device__ __forceinline__ void wgmma_rs_d(float (&a
   if constexpr (D == 64) wgmma_rs_n64<DTYPE>(acc, a, b, 1);
   else wgmma_rs_n128<DTYPE>(acc, a, b, 1);
 }
+template <int DTYPE, int BM> __device__ __forceinline__ void wgmma_ss_bm(float (&acc)[BM / 2], uint64_t a, uint64_t b, int scale_d) {
+  if constexpr (BM == 64) wgmma_ss_n64<DTYPE, 0, 0>(acc, a, b, scale_d);
+  else wgmma_ss_n128<DTYPE, 0, 0>(acc, a, b, scale_d);
+}
 template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float (&acc)[D / 2], uint64_t a, uint64_t b, int scale_d) {
   if constexpr (D == 64) wgmma_ss_n64<DTYPE, 1, 1>(acc, a, b, scale_d);
   else wgmma_ss_n128<DTYPE, 1, 1>(acc, a, b, scale_d);
@@ -222,25 +246,27 @@ template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
-                                                 float *dQs, const CUtensorMap *tm_dq,
+                                                 float *dQs, float *lsd, const CUtensorMap *tm_dq,
                                                  BwdSm90Barriers<BwdSm90Traits<D>::kStages> &bar, int w, int tid,
                                                  int n0, int h, int b, int m_blocks) {
   using T = typename Elem<DTYPE>::T;
-  using Tr = BwdSm90Traits<D>;
+  using Tr = BwdSm90TraitsOf<D, DQ>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
   static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
-  constexpr bool DQ_COLS = DQ == kDqCols;
-  static_assert(!OVERLAP || D == 64, "the overlapped consumer runs out of registers at head_dim 128");
-  constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS) or 64 x D
+  constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
+  static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
+  constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS, DQ_ROWS at head_dim 64) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
   float *dq = p.dq_accum + bh * N * D;
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
-  T *dSw = dSs + w * 64 * BM;
-  float *dQw = DQ == kDqSum ? dQs : dQs + w * BM * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
+  T *dSw = dSs + w * 64 * 64;  // this warpgroup's first dSᵀ row (bwd_sm90_store_ds)
+  float *dQw = DQ == kDqSum ? dQs : dQs + w * 64 * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
+  const int dq_row0 = DQ_ROWS ? 64 * w : 0, dq_col0 = DQ_COLS ? 64 * w : 0;  // this warpgroup's part of dQ's tile
+  float *lsd_w = lsd + w * 2 * BM;  // DQ_ROWS: this warpgroup's copy of a step's lse (BM floats), then delta
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   float dk[NO], dv[NO];
 #pragma unroll
@@ -252,19 +278,19 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
-    float s[32] = {}, dp[32] = {}, dqw[NQ] = {};
-    uint32_t pa[4][4], sa[4][4];
+    float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
+    uint32_t pa[BM / 16][4], sa[BM / 16][4];
     mbar_wait(&bar.qd_full[st], (i / S) & 1);
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
     auto issue_s = [&](int kk) {  // Sᵀ += K_w Qᵀ over head columns 16kk..16kk+15
       const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n64<DTYPE, 0, 0>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+      wgmma_ss_bm<DTYPE, BM>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
     };
     auto issue_dp = [&](int kk) {  // dPᵀ += V_w dOᵀ, the same columns
       const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_n64<DTYPE, 0, 0>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+      wgmma_ss_bm<DTYPE, BM>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
     };
     if constexpr (OVERLAP) {
 #pragma unroll
@@ -275,7 +301,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       wgmma_commit();
       wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
       fence_operands(s);
-      bwd_sm90_softmax(s, lse, sl2, m0, key, N, t);
+      bwd_sm90_softmax(s, lse, 0, sl2, m0, key, N, t);
       if (p.N < 0) asm volatile("trap;");  // never taken: a block boundary keeps ptxas from hoisting the next wait
       wgmma_wait<0>();
       fence_operands(dp);
@@ -283,14 +309,20 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) issue_s(kk), issue_dp(kk);
       wgmma_commit();
+      if constexpr (DQ_ROWS) {  // this step's lse and delta into shared memory under the products, read from there:
+        const int q = m0 + tid;  // loaded from global memory where they are used, the 128-query step spilled
+        lsd_w[tid] = q < N ? lse[q] : 0.f;
+        lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
+      }
       wgmma_wait<0>();
       fence_operands(s);
       fence_operands(dp);
-      bwd_sm90_softmax(s, lse, sl2, m0, key, N, t);
+      if constexpr (DQ_ROWS) warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barriers)
+      bwd_sm90_softmax(s, DQ_ROWS ? lsd_w : lse, DQ_ROWS ? m0 : 0, sl2, m0, key, N, t);
     }
-    bwd_sm90_grad(s, dp, delta, scale, m0, N, t);
+    bwd_sm90_grad(s, dp, DQ_ROWS ? lsd_w + BM : delta, DQ_ROWS ? m0 : 0, scale, m0, N, t);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
@@ -328,6 +360,11 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       for (int kk = 0; kk < 8; ++kk)  // all 128 keys; K's column block w
         wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + kk * 16 * 64, 64 * 128),
                                   make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
+    } else if constexpr (DQ_ROWS) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)  // all 128 keys; dSᵀ's query block w (this warpgroup's 64 query rows)
+        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + w * BN * 64 + kk * 16 * 64, BN * 128),
+                                  make_desc_mn(Ks + kk * 16 * 64, BN * 128), kk > 0);
     } else {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: dSᵀ and K_w rows, 2048 bytes per step
@@ -343,20 +380,20 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         bwd_sm90_store_dq(dQw, dqw, warp, g, t);
         fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
         warpgroup_sync(w);
-        if (warpgroup_leader()) {
+        if (warpgroup_leader() && (!DQ_ROWS || m0 + dq_row0 < N)) {  // DQ_ROWS: a last step's second half may be empty
 #pragma unroll
-          for (int c = 0; c < NQ / 16; ++c)  // rows m0.. (those past N are dropped), columns of this box
-            tma_reduce_add_4d(tm_dq, dQw + c * BM * 32, (DQ_COLS ? 64 * w : 0) + 32 * c, m0, blockIdx.y, blockIdx.z);
+          for (int c = 0; c < NQ / 16; ++c)  // rows m0 + dq_row0.. (those past N are dropped), columns of this box
+            tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, dq_col0 + 32 * c, m0 + dq_row0, blockIdx.y, blockIdx.z);
           bulk_commit();
         }
       } else {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {  // dQ rows m0 + 16·warp + g + 8r
-          const int m = m0 + warp * 16 + g + 8 * r;
+        for (int r = 0; r < 2; ++r) {  // dQ rows m0 + dq_row0 + 16·warp + g + 8r
+          const int m = m0 + dq_row0 + warp * 16 + g + 8 * r;
           if (m >= N) continue;
 #pragma unroll
           for (int j = 0; j < NQ / 4; ++j)
-            atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + (DQ_COLS ? 64 * w : 0) + 8 * j + 2 * t),
+            atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + dq_col0 + 8 * j + 2 * t),
                       make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
         }
       }
@@ -393,21 +430,22 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
-__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+__global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_dq, const BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
-  using Tr = BwdSm90Traits<D>;
+  using Tr = BwdSm90TraitsOf<D, DQ>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ BwdSm90Barriers<Tr::kStages> bar;
   T *Ks = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));  // (D/64, BN, 64)
   T *Vs = Ks + Tr::kBlockN * D;
   T *Qs = Vs + Tr::kBlockN * D;                 // (kStages, D/64, BM, 64)
   T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
-  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BN, BM): dSᵀ, swizzled
-  float *dQs = reinterpret_cast<float *>(dSs + Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, BM, 32)
+  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BM/64, BN, 64): dSᵀ, swizzled
+  float *dQs = reinterpret_cast<float *>(dSs + Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, 64, 32)
+  float *lsd = dQs + BwdSm90Variant<D, DQ, DQ_TMA>::kBoxFloats;               // DQ_ROWS: (consumers, 2, BM)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
   // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
@@ -430,8 +468,8 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
   } else {
     setmaxnreg_inc<BwdSm90Variant<D, DQ, DQ_TMA>::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, &tm_dq, bar, wg - 1, tid, n0, h, b,
-                                                m_blocks());
+    bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h,
+                                                    b, m_blocks());
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -440,7 +478,7 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
 
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
-  using Tr = BwdSm90Traits<D>;
+  using Tr = BwdSm90TraitsOf<D, DQ>;
   auto kernel = bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>;
   constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA>::kSmemBytes;
   *what = "setting the sm90 backward's shared memory size";
@@ -471,6 +509,11 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the summed dQ (head_dim 64 only)";
     return cudaErrorInvalidValue;
   }
+  if (opt.dq_rows && (D != 64 || opt.dq_sum || opt.overlap)) {
+    *what = "the row-split dQ (head_dim 64 only, not with the summed dQ or the overlapped consumer)";
+    return cudaErrorInvalidValue;
+  }
+  const int block_m = opt.dq_rows ? 128 : Tr::kBlockM;  // the Q, dO boxes' rows (BwdSm90TraitsOf<64, kDqRows>)
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
   *what = "the backward's delta kernel";
@@ -480,17 +523,17 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
   CUtensorMap tm[5] = {};  // q, k, v, dout; the float32 dQ accumulator (read by the DQ_TMA kernels only)
   const bool bf16 = DTYPE == kBFloat16;
   *what = "cuTensorMapEncodeTiled (q, k, v or dout: strides must be multiples of 16 bytes)";
-  if (!encode_tensor_map(&tm[0], p.q, p.q_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16) ||
+  if (!encode_tensor_map(&tm[0], p.q, p.q_st, p.B, p.H, p.N, D, block_m, bf16) ||
       !encode_tensor_map(&tm[1], p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
       !encode_tensor_map(&tm[2], p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
-      !encode_tensor_map(&tm[3], p.dout, p.dout_st, p.B, p.H, p.N, D, Tr::kBlockM, bf16))
+      !encode_tensor_map(&tm[3], p.dout, p.dout_st, p.B, p.H, p.N, D, block_m, bf16))
     return cudaErrorInvalidValue;
   *what = "cuTensorMapEncodeTiled (the float32 dQ accumulator)";
   if (opt.dq_tma && !encode_dq_tensor_map(&tm[4], p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
-  // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum and OVERLAP at 64
+  // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum, kDqRows and OVERLAP at 64
   auto pick = [&](auto dq) {
     constexpr int M = decltype(dq)::value;
-    constexpr bool OV = D == 64;  // an OVERLAP kernel exists at head_dim 64 only (opt.overlap checked above)
+    constexpr bool OV = D == 64 && M != kDqRows;  // OVERLAP kernels: head_dim 64, not kDqRows (checked above)
     if (opt.overlap)
       return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, OV>(tm, p, stream, what)
                         : launch_bwd_sm90<DTYPE, D, M, false, OV>(tm, p, stream, what);
@@ -501,6 +544,7 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     if (opt.dq_cols) return pick(std::integral_constant<int, kDqCols>{});
   } else {
     if (opt.dq_sum) return pick(std::integral_constant<int, kDqSum>{});
+    if (opt.dq_rows) return pick(std::integral_constant<int, kDqRows>{});
   }
   return pick(std::integral_constant<int, kDqOwn>{});
 }

@@ -48,9 +48,10 @@ template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 template <int DTYPE, int D>
 cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong);
 // Which bwd_sm90.cuh kernel runs: dq_cols its kDqCols dQ (head_dim 128 only), dq_sum its kDqSum (head_dim 64 only),
-// dq_tma its DQ_TMA, overlap its OVERLAP consumer (head_dim 64 only); elsewhere cudaErrorInvalidValue.
+// dq_rows its kDqRows (128 query rows a step; head_dim 64 only), dq_tma its DQ_TMA, overlap its OVERLAP consumer
+// (head_dim 64 only, not with dq_rows); elsewhere cudaErrorInvalidValue.
 struct BwdSm90Options {
-  bool dq_cols = false, dq_sum = false, dq_tma = false, overlap = false;
+  bool dq_cols = false, dq_sum = false, dq_rows = false, dq_tma = false, overlap = false;
 };
 template <int DTYPE, int D>
 cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, const BwdSm90Options &opt);
