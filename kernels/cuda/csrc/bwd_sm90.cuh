@@ -513,7 +513,8 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the row-split dQ (head_dim 64 only, not with the summed dQ or the overlapped consumer)";
     return cudaErrorInvalidValue;
   }
-  const int block_m = opt.dq_rows ? 128 : Tr::kBlockM;  // the Q, dO boxes' rows (BwdSm90TraitsOf<64, kDqRows>)
+  // the Q, dO boxes' rows: BwdSm90TraitsOf<64, kDqRows>::kBlockM (named only where it exists: D = 64)
+  const int block_m = opt.dq_rows ? BwdSm90TraitsOf<64, kDqRows>::kBlockM : Tr::kBlockM;
   const int64_t rows = (int64_t)p.B * p.H * p.N;
   constexpr int RPB = 256 / (D / 8);
   *what = "the backward's delta kernel";
