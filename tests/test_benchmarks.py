@@ -407,3 +407,26 @@ def test_flash_bench_sweep_shapes_parse_and_refuse_bad_ones(monkeypatch, capsys)
             flash_bench.main()
         assert stop.value.code == 2  # argparse's usage error, before any CUDA check
         assert bad in capsys.readouterr().err
+
+
+def test_cuda_resources_reads_ptxas_and_names_kernels():
+    """benchmarks.cuda_resources: registers, spills and static shared memory per kernel from a -Xptxas -v report, and
+    readable names from the mangled template arguments (dQ mode, TMA, overlap; warps; pingpong)."""
+    from benchmarks import cuda_resources as res
+
+    report = """ptxas info    : Compiling entry function '_ZN4vitk15bwd_sm90_kernelILi1ELi64ELi3ELb1ELb0EEEv14CUtensorMap_stS1_S1_S1_S1_NS_9BwdParamsE' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 4 barriers, 48 bytes smem
+ptxas info    : Compiling entry function '_ZN4vitk10bwd_kernelILi0ELi64ELi8ELb1EEEvNS_9BwdParamsE' for 'sm_80'
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
+    rows = res.ptxas_rows(report)
+    sm90, sm80 = rows
+    assert rows[sm90] == {"spills": 0, "registers": 168, "static_smem": 48}
+    assert rows[sm80] == {"spills": 12, "registers": 227, "static_smem": 0}
+    smem = {("bwd", 64, 3, 1): 166912, ("bwd80", 64, 8): 93184}
+    assert res.describe("bwd_sm90_hdim64_bf16", sm90, smem) == ("bwd_sm90 bf16 d64 dQ rows tma", 166912)
+    assert res.describe("bwd_hdim64_fp16", sm80, smem) == ("bwd fp16 d64 8 warps deterministic", 93184)
+    fwd = "_ZN4vitk15fwd_sm90_kernelILi1ELi128ELb1EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
+    assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
+                                                                                 164864)
