@@ -14,7 +14,6 @@ Needs nvcc (``CUDA_HOME``) and cuobjdump (the CUDA toolkit's, or the one the tri
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +21,7 @@ from pathlib import Path
 
 from kernels.cuda import build
 
-DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-           "-D__CUDA_NO_HALF2_OPERATORS__", "-DVITK_SM90A"]
+DEFINES = [*build.TORCH_NVCC_DEFINES, "-DVITK_SM90A"]
 COUNTED = {"HGMMA": r"\bHGMMA\.", "HMMA": r"\bHMMA\.", "UTMALDG": r"\bUTMALDG\.", "UTMAREDG": r"\bUTMAREDG\.",
            "RED(G)": r"\bREDG?\.", "MUFU.EX2": r"\bMUFU\.EX2\b"}  # column: what its regex counts in the SASS
 DQ_MODES = {"0": "own", "1": "columns", "2": "sum", "3": "rows"}
@@ -51,13 +49,8 @@ int main() {
 
 
 def cuobjdump() -> str:
-    """The CUDA toolkit's cuobjdump, else the triton wheel's; raises FileNotFoundError if neither exists."""
-    found = shutil.which("cuobjdump", path=str(Path(build.find_nvcc() or "").parent)) or shutil.which("cuobjdump")
-    if found is None:
-        import triton
-
-        wheel = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        found = str(wheel) if wheel.exists() else None
+    """:func:`kernels.cuda.build.find_cuobjdump`'s; raises FileNotFoundError if there is none."""
+    found = build.find_cuobjdump()
     if found is None:
         raise FileNotFoundError("cuobjdump not found: install the CUDA toolkit or the triton wheel")
     return found

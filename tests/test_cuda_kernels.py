@@ -15,7 +15,6 @@ import faulthandler
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,24 +29,6 @@ from kernels import cuda, get_attention
 from kernels.cuda import attention, build, check_inputs, ops
 
 ARCHES = ("sm_80", "sm_90a")  # torch builds compute capability 9.0 as 9.0a (build.arch_list)
-# torch's cpp_extension defines these for every .cu; compile the same way.
-TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
-                      "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump from PATH, CUDA_HOME, or the copy that Triton's wheel carries."""
-    candidates = [shutil.which("cuobjdump")]
-    nvcc = build.find_nvcc()
-    if nvcc:
-        candidates.append(str(Path(nvcc).parent / "cuobjdump"))
-    try:
-        import triton
-
-        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
-    except ImportError:
-        pass
-    return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
 def _is_sm90(name: str) -> bool:
@@ -55,7 +36,7 @@ def _is_sm90(name: str) -> bool:
 
 
 def _sass(cubin) -> str:
-    tool = _cuobjdump()
+    tool = build.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (CUDA toolkit or the triton wheel carries it)")
     return subprocess.run([tool, "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
@@ -75,7 +56,7 @@ def cubins(tmp_path_factory):
     def compile_one(job):
         arch, src = job
         cubin = out / f"{src.stem}.{arch}.cubin"
-        cmd = [nvcc, "-cubin", f"-arch={arch}", *build.NVCC_FLAGS, "-std=c++17", *TORCH_NVCC_DEFINES,
+        cmd = [nvcc, "-cubin", f"-arch={arch}", *build.NVCC_FLAGS, "-std=c++17", *build.TORCH_NVCC_DEFINES,
                "-Xptxas", "-v", "-I", str(build.CSRC), str(src), "-o", str(cubin)]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         return job, cubin, proc
@@ -614,6 +595,23 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
 
 
+def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False) -> tuple:
+    """The extension's bwd_sm90 kernel flags, in its argument order."""
+    return dq_cols, dq_sum, dq_rows, dq_tma, overlap
+
+
+def _sm90_backward_twice(N, first: dict, second: dict):
+    """((dq, dk, dv), (dq, dk, dv)): the Hopper backward with flags ``first``, then ``second`` (:func:`_sm90_flags`),
+    on the same fresh bf16 (2, 3, N, 64) inputs and one Hopper forward; skips off Hopper."""
+    if not _is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    out, lse = ext.fwd_sm90(q, k, v, 0.125)
+    do = torch.randn_like(out)
+    return tuple(ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, *_sm90_flags(**flags)) for flags in (first, second))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dq_sum, dq_tma", [(False, False), (False, True), (True, False), (True, True)],
                          ids=["atomic", "tma", "sum", "sum-tma"])
@@ -622,15 +620,8 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_sum, dq_tma):
     """The overlapped consumer does the sequential one's arithmetic in the same order: dk and dv (each CTA writes its
     own) bitwise equal. dq is a float32 sum of atomic adds from every key tile, in an order that differs run to run,
     rounded to bf16: equal to within about one bf16 step of its largest entry."""
-    if not _is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
-    scale = 64 ** -0.5
-    out, lse = ext.fwd_sm90(q, k, v, scale)
-    do = torch.randn_like(out)
-    sequential = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, False, dq_tma, False)
-    overlap = ext.bwd_sm90(do, q, k, v, out, lse, scale, None, False, dq_sum, False, dq_tma, True)
+    sequential, overlap = _sm90_backward_twice(N, {"dq_sum": dq_sum, "dq_tma": dq_tma},
+                                               {"dq_sum": dq_sum, "dq_tma": dq_tma, "overlap": True})
     assert torch.equal(sequential[1], overlap[1]) and torch.equal(sequential[2], overlap[2])
     assert max_err(sequential[0], overlap[0]) <= 1e-2 * sequential[0].abs().max().item()
 
@@ -641,14 +632,7 @@ def test_sm90_overlap_backward_equals_sequential_bitwise(N, dq_sum, dq_tma):
 def test_sm90_summed_dq_leaves_dk_dv_bitwise(N, dq_tma):
     """The summed dQ changes only what follows the dQ product: dk and dv bitwise those of each consumer adding its own
     dQ; dq within about one bf16 step of its largest entry (both are float32 sums in a run-dependent order)."""
-    if not _is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
-    out, lse = ext.fwd_sm90(q, k, v, 0.125)
-    do = torch.randn_like(out)
-    own = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, False, dq_tma, False)
-    summed = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, True, False, dq_tma, False)
+    own, summed = _sm90_backward_twice(N, {"dq_tma": dq_tma}, {"dq_sum": True, "dq_tma": dq_tma})
     assert torch.equal(own[1], summed[1]) and torch.equal(own[2], summed[2])
     assert max_err(own[0], summed[0]) <= 1e-2 * own[0].abs().max().item()
 
@@ -660,14 +644,7 @@ def test_sm90_row_split_dq_against_own(N, dq_tma):
     """128 query rows a step with the row-split dQ: dk and dv take the same 16-query k-steps in the same order as with
     64 rows a step, so they are expected bitwise equal to the per-consumer dQ kernel's (reported, not required: the
     two Sᵀ products are m64n128 and m64n64 wgmmas); both within about one bf16 step of each other's largest entry."""
-    if not _is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
-    out, lse = ext.fwd_sm90(q, k, v, 0.125)
-    do = torch.randn_like(out)
-    own = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, False, dq_tma, False)
-    rows = ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, False, False, True, dq_tma, False)
+    own, rows = _sm90_backward_twice(N, {"dq_tma": dq_tma}, {"dq_rows": True, "dq_tma": dq_tma})
     print(f"N={N} dq_tma={dq_tma}: dk bitwise {torch.equal(own[1], rows[1])}, dv bitwise {torch.equal(own[2], rows[2])}")
     for a, b in zip(own, rows):
         assert max_err(a, b) <= 1e-2 * a.abs().max().item()
@@ -707,8 +684,8 @@ def test_sm90_each_stage_against_float64(head_dim):
     q, k, v = q.detach(), k.detach(), v.detach()
     errs = {}
     ext = build.extension()
-    def sm90_bwd(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False):
-        return lambda *a: ext.bwd_sm90(*a, None, dq_cols, dq_sum, dq_rows, dq_tma, overlap)
+    def sm90_bwd(**flags):
+        return lambda *a: ext.bwd_sm90(*a, None, *_sm90_flags(**flags))
 
     kernels = {"sm80": (ext.fwd, lambda *a: ext.bwd(*a, 8, 0, None)), "sm90": (ext.fwd_sm90, sm90_bwd())}
     kernels["sm90-pingpong"] = (ext.fwd_sm90_pingpong, lambda *a: ext.bwd(*a, 8, 0, None))

@@ -64,6 +64,27 @@ def find_nvcc() -> str | None:
     return str(Path(home) / "bin" / "nvcc") if home else None
 
 
+# torch's cpp_extension defines these for every .cu it compiles: a standalone nvcc call (SASS and resource checks)
+# passes them to compile the same code.
+TORCH_NVCC_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                      "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump (reads SASS) from PATH, beside nvcc, or the copy that Triton's wheel carries; None if none exists."""
+    candidates = [shutil.which("cuobjdump")]
+    nvcc = find_nvcc()
+    if nvcc:
+        candidates.append(str(Path(nvcc).parent / "cuobjdump"))
+    try:
+        import triton
+
+        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and Path(c).is_file()), None)
+
+
 def arch_list() -> str:
     """``TORCH_CUDA_ARCH_LIST`` value to build for: env override, else the present GPU, else
     ``8.0;9.0a``; a plain ``9.0`` becomes ``9.0a`` (``9.0+PTX`` stays as it is: no Hopper kernels)."""
