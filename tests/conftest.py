@@ -39,6 +39,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def is_hopper() -> bool:
+    """Whether a compute capability 9.0 GPU (H100, H200) is present: the Hopper kernels' tests need one."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
 def make_qkv(B, H, N, d, dtype=torch.float32, device="cpu", scale=1.0, requires_grad=True, seed=None):
     """Fresh random ``(B, H, N, d)`` q, k, v (never zeros or constants); optionally seeded."""
     gen = torch.Generator(device="cpu")

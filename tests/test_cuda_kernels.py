@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import check_against_reference, make_qkv, max_err, pack_qkv, reference_attention
+from conftest import check_against_reference, is_hopper, make_qkv, max_err, pack_qkv, reference_attention
 
 from kernels import cuda, get_attention
 from kernels.cuda import attention, build, check_inputs, ops
@@ -445,9 +445,6 @@ HEAD_DIMS = (32, 64, 80, 128)  # 80 runs padded to 128
 SM90_HEAD_DIMS = (64, 80, 96, 128)  # 80 and 96 padded to 128; 32 has no sm90 kernel
 
 
-def _is_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
 
 @pytest.fixture(autouse=True)
 def _sm90_hang_guard(request):
@@ -469,7 +466,7 @@ def _sm90_hang_guard(request):
 def fwd_path(request, monkeypatch):
     """Runs the test with the mma.sync kernels, the Hopper forward, and the Hopper forward and
     backward; the last two only on compute capability 9.0 GPUs."""
-    if request.param != "sm80" and not _is_hopper():
+    if request.param != "sm80" and not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm80" if request.param == "sm80" else "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", "sm90" if request.param == "sm90-fwd-bwd" else "sm80")
@@ -507,7 +504,7 @@ def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma) run to the end in a child process, so
     that a pipeline deadlock (an mbarrier or named barrier never completing) fails here in 60 s instead of hanging
     the session."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
@@ -548,7 +545,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     backward's overlapped consumer, with atomic or TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
     summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
     rows across the consumers)."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
@@ -574,7 +571,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
 def test_matches_float64_at_16384_keys(path, head_dim, monkeypatch):
     """N = 16384, the longest sequence issue 12 names: one head in bf16, out and dq, dk, dv against float64 (the
     reference holds a 2 GiB float64 score matrix), through the mma.sync kernels or the Hopper forward and backward."""
-    if path == "sm90" and not _is_hopper():
+    if path == "sm90" and not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", path)
     monkeypatch.setattr(ops, "BWD_PATH", path)
@@ -586,7 +583,7 @@ def test_matches_float64_at_16384_keys(path, head_dim, monkeypatch):
 @pytest.mark.parametrize("N, head_dim", [(1, 64), (129, 64), (577, 64), (1025, 128), (4096, 128)])
 def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     """The pipelined consumers do the sequential ones' arithmetic in the same order: out and lse bitwise equal."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
     q, k, v = make_qkv(2, 3, N, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=False)
@@ -603,7 +600,7 @@ def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overla
 def _sm90_backward_twice(N, first: dict, second: dict):
     """((dq, dk, dv), (dq, dk, dv)): the Hopper backward with flags ``first``, then ``second`` (:func:`_sm90_flags`),
     on the same fresh bf16 (2, 3, N, 64) inputs and one Hopper forward; skips off Hopper."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
     q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
@@ -656,7 +653,7 @@ def test_sm90_row_split_dq_against_own(N, dq_tma):
 def test_sm90_size_one_batch_or_heads(B, H, N, dq, monkeypatch):
     """Size-1 dimensions (whose strides the TMA descriptors never use) and N on a tile boundary; dQ by atomics and
     by TMA reduce-add (a descriptor over the float32 accumulator too)."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", "sm90")
@@ -672,7 +669,7 @@ def test_sm90_each_stage_against_float64(head_dim):
     when test_sm90_matches_float64 fails: lse checks Q·Kᵀ and the softmax statistics alone; out adds
     P·V; the backward's dv needs only P and dO, dk adds dS, dq adds dS·K. Bound: 2× the mma.sync
     kernels' error on the same inputs + 1e-3 (a stage with a layout bug is off by O(1))."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     q, k, v = make_qkv(2, 3, 300, head_dim, dtype=torch.bfloat16, device="cuda")
     scale = head_dim**-0.5
@@ -711,7 +708,7 @@ def test_sm90_each_stage_against_float64(head_dim):
 
 @pytest.mark.gpu
 def test_auto_runs_the_sm90_kernels_on_hopper():
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("needs a compute capability 9.0 GPU")
     assert ops.FWD_PATH == ops.BWD_PATH == "auto" and build.extension().has_sm90
     for n in (197, 4096):

@@ -16,13 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ACCUM_ROUNDING, ERROR_FLOOR, make_qkv, max_err
+from conftest import ACCUM_ROUNDING, ERROR_FLOOR, is_hopper, make_qkv, max_err
 
 ROOT = Path(__file__).parents[1]
 
-
-def _is_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def test_the_gluon_kernels_compile_for_sm90_with_the_elementwise_work_between_the_waits():
@@ -69,7 +66,7 @@ def _check_forward(q, k, v, fwd=None):
 @pytest.mark.parametrize("head_dim", [32, 64, 72, 80, 128])
 @pytest.mark.parametrize("seq_len", [1, 17, 197, 577, 1025, 4096])
 def test_gpu_gluon_forward_matches_float64(seq_len, head_dim, dtype):
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
     q, k, v = make_qkv(2, 3, seq_len, head_dim, dtype=dtype, device="cuda", requires_grad=False)
     _check_forward(q, k, v)
@@ -79,7 +76,7 @@ def test_gpu_gluon_forward_matches_float64(seq_len, head_dim, dtype):
 @pytest.mark.parametrize("block_m, block_n, stages, num_warps", [(128, 64, 3, 8), (64, 64, 4, 4), (128, 128, 3, 8)])
 def test_gpu_gluon_forward_tiles_and_packed_views(block_m, block_n, stages, num_warps):
     """Other tiles and stage counts, on the ViT's strided (B, N, 3, H, d) views, against the Triton forward."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
     from kernels.flash import gluon_fwd, op
@@ -102,7 +99,7 @@ def test_a_tensor_off_a_hopper_gpu_is_a_clear_error():
 
 @pytest.mark.gpu
 def test_gpu_bad_tiles_are_a_clear_error():
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
     from kernels.flash import gluon_fwd
 
@@ -136,7 +133,7 @@ def test_gpu_bad_tiles_are_a_clear_error():
 def test_gpu_gluon_backward_matches_float64(seq_len, head_dim, dtype):
     """dq, dk and dv (gluon_bwd.bwd: both Gluon kernels) against float64 within 2× the naive backend's error at the
     same dtype; and against the Triton backward's from the same out and lse."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from conftest import forward_backward, reference_attention
 
@@ -185,7 +182,7 @@ def _packed_backward_case(head_dim):
 def test_gpu_gluon_dkdv_tiles_packed_views_and_given_outputs(block_m, block_n, stages, num_warps, head_dim):
     """Other tiles, stage counts (a ring with two tiles in flight) and 4 warps, on the ViT's strided (B, N, 3, H, d)
     views, writing into slices of one packed gradient, against the Triton backward; N = 301 leaves ragged tiles."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
     from kernels.flash import gluon_bwd
@@ -211,7 +208,7 @@ def test_the_readme_gluon_bench_command_parses_and_refuses_a_cpu():
 def test_gpu_gluon_dq_tiles_packed_views_and_given_output(block_m, block_n, stages, num_warps, head_dim):
     """The dQ kernel at other tiles and stage counts, on strided (B, N, 3, H, d) views, into a slice of one packed
     gradient, against the Triton backward; N = 301 leaves ragged tiles."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon kernels are written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
     from kernels.flash import gluon_bwd

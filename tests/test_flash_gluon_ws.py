@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_qkv, max_err
-from test_flash_gluon import _check_forward, _is_hopper
+from conftest import is_hopper, make_qkv, max_err
+from test_flash_gluon import _check_forward
 
 ROOT = Path(__file__).parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks` is run as `python -m benchmarks.x` from the repo root
@@ -41,7 +41,7 @@ def test_the_ws_forward_compiles_for_sm90_with_tma_and_a_producer_warp():
 @pytest.mark.parametrize("head_dim", [32, 64, 72, 80, 128])
 @pytest.mark.parametrize("seq_len", [1, 17, 197, 577, 1025, 4096])
 def test_gpu_ws_forward_matches_float64(seq_len, head_dim, dtype):
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
     from kernels.flash import gluon_ws
 
@@ -54,7 +54,7 @@ def test_gpu_ws_forward_matches_float64(seq_len, head_dim, dtype):
 def test_gpu_ws_forward_tiles_and_packed_views(tile):
     """The tiles the benchmark times, on the ViT's strided (B, N, 3, H, d) views, against float64 and the Triton
     forward."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("the Gluon forward is written for Hopper (compute capability 9.0)")
     from kernels import split_qkv
     from kernels.flash import gluon_ws, op

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 import pytest
 import triton
-from conftest import ERROR_FLOOR, max_err, reference_attention
+from conftest import ERROR_FLOOR, is_hopper, max_err, reference_attention
 
 from kernels import split_qkv
 from kernels.flash import configs, hopper, op
@@ -87,9 +87,6 @@ def _launch_fused(q, k, v, do, out, lse, scale, tiles, dq_reduce, warp_specializ
     return dqacc.to(q.dtype), dk, dv
 
 
-def _is_hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("warp_specialize", [False, True], ids=["plain", "ws"])
@@ -99,7 +96,7 @@ def test_gpu_tma_kernels_match_float64(B, H, N, d, warp_specialize):
     (TMA reduce-add), dk, dv against float64, each within 2x the pointer kernels' own error on the same inputs (those
     are held to 2x PyTorch's in test_flash.py) plus bf16's floor; with and without Triton's warp specialisation (a
     producer warp for the TMA loads)."""
-    if not _is_hopper():
+    if not is_hopper():
         pytest.skip("TMA descriptors and the Hopper kernels need a compute capability 9.0 GPU (H100, H200)")
     qkv = torch.randn(B, N, 3, H, d, device="cuda", dtype=torch.bfloat16)  # (B, N, 3, H, d): strided views
     q, k, v = split_qkv(qkv)
