@@ -33,6 +33,7 @@ import inspect
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 AttentionFn = Callable[..., torch.Tensor]
 
@@ -91,6 +92,14 @@ def get_attention(name: str, **options) -> AttentionFn:
     module_name, attr = BACKENDS[name]
     module = importlib.import_module(module_name)
     return _with_options(name, getattr(module, attr), options)
+
+
+def tracing(t: torch.Tensor) -> bool:
+    """torch.compile / export or torch.jit.trace is recording, or ``t`` is a fake tensor (FakeTensorMode, in which
+    compile and export propagate shapes): a backend calls its ``torch.library`` ops, whose fake kernels give the
+    shapes, instead of its eager path. (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call
+    the ops.)"""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fake(t)
 
 
 def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

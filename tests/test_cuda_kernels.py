@@ -328,10 +328,10 @@ def _paths(monkeypatch, setting, capability, head_dim=64, seq_len=4096, has_sm90
 
 
 @pytest.mark.parametrize("capability, head_dim, seq_len, expected", [
-    # Hopper: forward sm90 from N = 128 at d 64/128, backward sm90 there only at d = 128
-    ((9, 0), 64, 4096, ("sm90", "sm80")), ((9, 0), 128, 4096, ("sm90", "sm90")),
-    ((9, 0), 64, 577, ("sm90", "sm80")), ((9, 0), 128, 197, ("sm90", "sm90")),
-    ((9, 0), 64, 128, ("sm90", "sm80")), ((9, 0), 128, 127, ("sm80", "sm80")),
+    # Hopper: forward and backward sm90 from N = 128 at d 64/128
+    ((9, 0), 64, 4096, ("sm90", "sm90")), ((9, 0), 128, 4096, ("sm90", "sm90")),
+    ((9, 0), 64, 577, ("sm90", "sm90")), ((9, 0), 128, 197, ("sm90", "sm90")),
+    ((9, 0), 64, 128, ("sm90", "sm90")), ((9, 0), 128, 127, ("sm80", "sm80")), ((9, 0), 64, 127, ("sm80", "sm80")),
     ((9, 0), 64, 17, ("sm80", "sm80")), ((9, 0), 32, 4096, ("sm80", "sm80")),
     ((8, 0), 64, 4096, ("sm80", "sm80")), ((8, 9), 128, 4096, ("sm80", "sm80")),
     ((10, 0), 64, 4096, ("sm80", "sm80"))])
@@ -392,10 +392,10 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
-    monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, sum-tma at 64
+    monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, rows-tma at 64
     monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential: overlap measured slower
     assert ops.sm90_bwd_options(q128) == (True, False, False, True, False)
-    assert ops.sm90_bwd_options(q64) == (False, True, False, True, False)
+    assert ops.sm90_bwd_options(q64) == (False, False, True, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
     assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
@@ -714,8 +714,9 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
     for n in (197, 4096):
         q = torch.empty(1, 1, n, 128, device="cuda", dtype=torch.bfloat16)
         assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
-        assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm80")
+        assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm90")
         assert ops.sm90_bwd_options(q) == (True, False, False, True, False)  # columns-tma
+        assert ops.sm90_bwd_options(q[..., :64]) == (False, False, True, True, False)  # rows-tma
 
 
 @pytest.mark.gpu
@@ -724,7 +725,7 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
     on Hopper the pingpong forward with the columns-tma backward at head_dim 80/128, the sequential forward with the
-    mma.sync backward at 64, mma.sync below N = 128."""
+    rows-tma backward at 64, mma.sync below N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):
         pytest.skip("a VIT_CUDA_* setting in the environment overrides the defaults under test")
@@ -796,7 +797,7 @@ def _grads(q, k, v, do, **options):
 def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim, monkeypatch):
     """attention.deterministic=true: dq (and dk, dv) bitwise equal over five runs, at shapes with one dq slice per
     (batch, head) (B·H ≥ SMs) and with many (long N, B·H = 2), within the float64 rule; and on Hopper at head_dim
-    128, N ≥ 128, where auto would run the Hopper backward, the mma.sync one runs instead."""
+    64 and 128, N ≥ 128, where auto would run the Hopper backward, the mma.sync one runs instead."""
     q, k, v = make_qkv(B, H, N, head_dim, dtype=torch.bfloat16, device="cuda")
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     splits = ops.dq_splits(q.new_empty(B, H, N, cuda._padded_head_dim(head_dim)), ops.BWD_WARPS)  # as the op sees q

@@ -42,8 +42,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import split_qkv
+from .. import split_qkv, tracing
 from . import ops
+from .eager import EagerAttention, EagerAttentionQKVPacked
 
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -131,7 +132,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     if padded != head_dim:  # zero columns change neither q·k nor the kept columns of p·v
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out, _ = ops.attn_fwd(q, k, v, scale, deterministic)  # (B, H, N, padded)
+    if tracing(q):  # the torch.library op, which compile traces
+        out, _ = ops.attn_fwd(q, k, v, scale, deterministic)  # (B, H, N, padded)
+    else:  # the same kernels, less CPU per call
+        out = EagerAttention.apply(q, k, v, scale, deterministic)  # (B, H, N, padded)
     return out[..., :head_dim] if padded != head_dim else out
 
 
@@ -151,8 +155,9 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     _check_deterministic(deterministic)
     check_inputs(q, k, v, softmax_scale)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    out, _ = ops.attn_fwd_qkvpacked(qkv, scale, deterministic)  # (B, H, N, d)
-    return out
+    if tracing(qkv):
+        return ops.attn_fwd_qkvpacked(qkv, scale, deterministic)[0]  # (B, H, N, d)
+    return EagerAttentionQKVPacked.apply(qkv, scale, deterministic)  # (B, H, N, d)
 
 
 __all__ = ["DTYPES", "HEAD_DIMS", "attention", "attention_qkvpacked", "check_inputs"]

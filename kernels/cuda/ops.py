@@ -40,29 +40,28 @@ SM90_HEAD_DIMS = (64, 128)
 #   padded): forward alone (64, 12, 577, 64) 0.303 / 0.296 vs mma.sync 0.376 / 0.418, (256, 12, 197, 128) 0.405 vs
 #   0.527; (256, 12, 197, 64) a tie, 0.310 / 0.275 vs 0.351 / 0.270 (fwd+bwd 1.353 / 1.163 vs 1.362 / 1.317); at
 #   N >= 4096 0.88-0.98x cuDNN's forward against 0.37-0.57x for mma.sync (cuda_h200.md, 2026-12-01).
-# - backward sm90 at head_dim 128 from the same seq_len: fwd+bwd with the sm90 forward, (8, 16, 4096, 128) 10.569 vs
-#   14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015. At head_dim 64 its fastest dQ at each N
-#   loses to the mma.sync backward at N=4096 (sum-tma 5.975 vs 5.869), N=577 (sum 1.660 vs 1.448) and N=197 (tma
-#   1.524 vs 1.353) and wins only at N=16384 (sum-tma 21.559 vs 22.135): the mma.sync backward stays auto there.
+# - backward sm90 at head_dim 64 and 128 from the same seq_len: fwd+bwd with the sm90 forward, (8, 16, 4096, 128)
+#   10.569 vs 14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015 (h200_20261204_b.md); head_dim 64
+#   with the row-split dQ (rows-tma) vs the mma.sync backward: (8, 12, 4096) 4.182 vs 5.893, (2, 12, 16384) 15.307
+#   vs 22.136, (64, 12, 577) 1.128 vs 1.443, (256, 12, 197) 1.275 vs 1.466 (h200_20261204_c.md, call 2).
 SM90_MIN_SEQ_LEN = 128
-SM90_BWD_HEAD_DIMS = (128,)
 # dQ in the Hopper backward (csrc/bwd_sm90.cuh): "atomic" (each consumer warpgroup adds dS·K over its own 64 keys by
 # float32 atomics), "columns" (each adds 64 of dQ's columns over all 128 keys: half the adds; head_dim 128 only),
 # "tma" and "columns-tma" (the same products stored into a shared-memory staging box and added by TMA reduce-add,
 # DQ_TMA), "sum" and "sum-tma" (head_dim 64: the two consumers' dQ summed in shared memory and added once a step,
 # kDqSum), "rows" and "rows-tma" (head_dim 64: 128 query rows a step instead of 64, FlashAttention-3's head_dim-64
-# tile, with consumer w adding dQ's rows 64w.. over all 128 keys, kDqRows; built, not yet run on a GPU).
-# "auto": columns-tma at head_dim 128, sum-tma at 64. H200, bf16, fwd+bwd ms, one run
-# (benchmarks/results/h200_20261204_b.md): (8, 16, 4096, 128) columns-tma 10.669, tma 10.827, columns 11.817;
-# head_dim 64 (where the Hopper backward runs only with VIT_CUDA_BWD=sm90) sum-tma against atomic: (8, 12, 4096)
-# 5.975 vs 7.086, (2, 12, 16384) 21.559 vs 25.882, (64, 12, 577) 1.697 vs 2.008, (256, 12, 197) 1.597 vs 1.545.
+# tile, with consumer w adding dQ's rows 64w.. over all 128 keys, kDqRows).
+# "auto": columns-tma at head_dim 128, rows-tma at 64. H200, bf16, fwd+bwd ms: (8, 16, 4096, 128) columns-tma 10.669,
+# tma 10.827, columns 11.817 (h200_20261204_b.md); head_dim 64 rows-tma against rows, sum-tma and atomic (the last
+# from h200_20261204_b.md): (8, 12, 4096) 4.182 vs 4.437, 6.013, 7.086; (2, 12, 16384) 15.307 vs 16.176, 21.463,
+# 25.882; (64, 12, 577) 1.128 vs 1.178; (256, 12, 197) 1.275 vs 1.255, 1.558 (h200_20261204_c.md, call 2).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma", "rows", "rows-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:
 # Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). "auto": sequential.
 # Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
 # (2, 12, 16384, 64) 27.520 vs 25.882, (256, 12, 197, 64) 1.736 vs 1.545. It applies where the Hopper backward runs:
-# at head_dim 64 only with VIT_CUDA_BWD=sm90 (BWD_PATH), since auto runs the mma.sync backward there.
+# with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64.
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
@@ -82,7 +81,7 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _choose(setting: str, env: str, q: Tensor, auto_head_dims: tuple[int, ...]) -> str:
+def _choose(setting: str, env: str, q: Tensor) -> str:
     if setting not in PATHS:
         raise ValueError(f"{env} must be one of {PATHS}, got {setting!r}")
     if setting == "sm80":
@@ -90,7 +89,7 @@ def _choose(setting: str, env: str, q: Tensor, auto_head_dims: tuple[int, ...]) 
     capability = _capability(q.device)
     hopper = capability == (9, 0)
     head_dim, seq_len = q.shape[-1], q.shape[-2]
-    if setting == "auto" and not (hopper and head_dim in auto_head_dims and seq_len >= SM90_MIN_SEQ_LEN):
+    if setting == "auto" and not (hopper and head_dim in SM90_HEAD_DIMS and seq_len >= SM90_MIN_SEQ_LEN):
         return "sm80"
     if not hopper:
         raise RuntimeError(f"{env}=sm90 needs a compute capability 9.0 GPU (H100, H200), this one is "
@@ -120,14 +119,13 @@ def fwd_path(q: Tensor) -> str:
             run it on a 9.0 GPU but the extension was built without sm_90a kernels (a
             TORCH_CUDA_ARCH_LIST without 9.0).
     """
-    return _choose(FWD_PATH, "VIT_CUDA_FWD", q, SM90_HEAD_DIMS)
+    return _choose(FWD_PATH, "VIT_CUDA_FWD", q)
 
 
 def bwd_path(q: Tensor) -> str:
     """Which backward runs (csrc/bwd_sm90.cuh or csrc/bwd.cuh) under ``BWD_PATH`` (env
-    ``VIT_CUDA_BWD``): the errors of :func:`fwd_path`; ``auto`` takes sm90 only at head_dim 128 and
-    N ≥ ``SM90_MIN_SEQ_LEN`` on compute capability 9.0 (at head_dim 64 it measured slower)."""
-    return _choose(BWD_PATH, "VIT_CUDA_BWD", q, SM90_BWD_HEAD_DIMS)
+    ``VIT_CUDA_BWD``): the errors of :func:`fwd_path`; ``auto`` takes sm90 where the forward does."""
+    return _choose(BWD_PATH, "VIT_CUDA_BWD", q)
 
 
 @functools.cache
@@ -205,8 +203,7 @@ def attn_bwd(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int,
     dq_splits: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    ext = extension()
-    dq, dk, dv = _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, None)
+    dq, dk, dv = _bwd_into(extension(), dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, None)
     return dq, dk, dv
 
 
@@ -220,7 +217,7 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
 def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
     """``(dq_cols, dq_sum, dq_rows, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ``
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
-    "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, sum-tma at 64) and ``BWD_SM90`` (env
+    "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, rows-tma at 64) and ``BWD_SM90`` (env
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "auto": sequential).
 
     Raises:
@@ -231,7 +228,7 @@ def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
     if BWD_SM90 not in BWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
     head_dim = q.shape[-1]
-    mode = ("columns-tma" if head_dim == 128 else "sum-tma") if BWD_DQ == "auto" else BWD_DQ
+    mode = ("columns-tma" if head_dim == 128 else "rows-tma") if BWD_DQ == "auto" else BWD_DQ
     cols, summed, rows = mode.startswith("columns"), mode.startswith("sum"), mode.startswith("rows")
     if cols and head_dim != 128:
         raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got {head_dim}; use "
@@ -281,6 +278,11 @@ def _(qkv, softmax_scale, deterministic):
 @torch.library.custom_op("vit_cuda::attn_bwd_qkvpacked", mutates_args=())
 def attn_bwd_qkvpacked(dout: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, softmax_scale: float, bwd_warps: int,
                        dq_splits: int) -> Tensor:
+    return _bwd_qkvpacked(dout, qkv, out, lse, softmax_scale, bwd_warps, dq_splits)
+
+
+def _bwd_qkvpacked(dout, qkv, out, lse, softmax_scale, bwd_warps, dq_splits) -> Tensor:
+    """dq, dk, dv written into one new ``(B, N, 3, H, d)`` gradient of ``qkv``."""
     dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)  # (B, N, 3, H, d)
     _bwd_into(extension(), dout, *split_qkv(qkv), out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
     return dqkv

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .. import split_qkv
+from .. import split_qkv, tracing
 from . import configs
 from .op import (
     EagerAttention,
@@ -101,12 +101,6 @@ def device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if _elsewhere(t) else contextlib.nullcontext()
 
 
-def _tracing() -> bool:
-    """torch.compile / export or torch.jit.trace is recording: call the ``torch.library`` ops, which they see.
-    (``make_fx`` sets neither flag; trace it under ``torch.compile``, or call the ops ``fwd``/``fwd_qkvpacked``.)"""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
-
-
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float | None = None, *,
               fp32_delta: bool = False) -> torch.Tensor:
     """FlashAttention-2 ``softmax(q kᵀ · softmax_scale) v``; contract in :mod:`kernels`.
@@ -138,7 +132,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     """
     softmax_scale = _check(q, k, v, softmax_scale)
     _check_fp32_delta(fp32_delta)
-    if _tracing():  # the torch.library op, which compile traces
+    if tracing(q):  # the torch.library op, which compile traces
         return (fwd_fp32_delta if fp32_delta else fwd)(q, k, v, softmax_scale)[0]
     from . import native  # here, not at import: `python -m kernels.flash.native` runs it as __main__
 
@@ -176,7 +170,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
         raise TypeError(f"flash attention: qkv must be a torch.Tensor, got {type(qkv).__name__}")
     softmax_scale = _check(*split_qkv(qkv), softmax_scale, names=("qkv",) * 3)
     _check_fp32_delta(fp32_delta)
-    if _tracing():
+    if tracing(qkv):
         return (fwd_qkvpacked_fp32_delta if fp32_delta else fwd_qkvpacked)(qkv, softmax_scale)[0]
     from . import native
 

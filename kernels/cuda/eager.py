@@ -1,0 +1,59 @@
+"""The CUDA kernels for eager calls: ``torch.autograd.Function``s that launch the same kernels as the
+``torch.library`` ops in :mod:`.ops`, without the op dispatch.
+
+The op path's CPU cost per call is what a small batch cannot hide. H200 host, torch 2.11, eager forward+backward at
+(256, 12, 197, 64): 0.39 ms of CPU for 0.94 ms of GPU, against SDPA's 0.18 ms; cProfile put
+``torch/_library/custom_ops.py`` ``backend_impl`` first, at about 0.1 ms per op call
+(benchmarks/results/h200_20261204_c/call4_launch.log). ``torch.compile`` still traces the ops
+(:func:`kernels.tracing`). Results are bitwise the op path's: the same launchers with the same arguments.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .. import split_qkv
+from . import ops
+
+
+class EagerAttention(torch.autograd.Function):
+    """``ops.attn_fwd`` and ``ops.attn_bwd``'s kernels. ``apply(q, k, v, softmax_scale, deterministic) -> out``:
+    q, k, v ``(B, H, N, d)`` float16/bfloat16 CUDA tensors as the kernels take them (head_dim 32, 64 or 128, last
+    stride 1); out ``(B, H, N, d)``, laid out as ``(B, N, H, d)``. The backward is that of :func:`ops._backward`."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
+        out, lse = ops._fwd(q, k, v, softmax_scale)  # (B, H, N, d), (B, H, N) float32
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
+        return out
+
+    @staticmethod
+    @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
+    def backward(ctx, dout: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        splits = ops.dq_splits(q, ops.BWD_WARPS) if ctx.deterministic else 0
+        dq, dk, dv = ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS,
+                                   splits, None)
+        return dq, dk, dv, None, None
+
+
+class EagerAttentionQKVPacked(torch.autograd.Function):
+    """:class:`EagerAttention` on a packed ``(B, N, 3, H, d)`` qkv (``ops.attn_fwd_qkvpacked``'s kernels):
+    ``apply(qkv, softmax_scale, deterministic) -> out`` (B, H, N, d); the gradient is one contiguous
+    ``(B, N, 3, H, d)`` tensor."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
+        out, lse = ops._fwd(*split_qkv(qkv), softmax_scale)  # (B, H, N, d), (B, H, N) float32
+        ctx.save_for_backward(qkv, out, lse)
+        ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout: Tensor):
+        qkv, out, lse = ctx.saved_tensors
+        splits = ops.dq_splits(split_qkv(qkv)[0], ops.BWD_WARPS) if ctx.deterministic else 0
+        return ops._bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale, ops.BWD_WARPS, splits), None, None
