@@ -1,9 +1,10 @@
 """Is a backend's call bound by the GPU or by the Python that launches it? CPU time vs GPU time per call.
 
     python -m benchmarks.launch_overhead            # CUDA only
-    python -m benchmarks.launch_overhead --profile  # and where the CPU time of each flash and cuda case goes (cProfile)
+    python -m benchmarks.launch_overhead --profile  # and where the CPU time of each flash and cuda case goes (cProfile, torch.profiler)
 
-For each shape, each flash op and each autograd forward+backward (flash, flash packed, cuda, cuda packed, SDPA; flash's
+For each shape, each flash op and each autograd forward+backward (flash, flash packed, cuda, cuda packed, cuda through
+its ``torch.library`` op as ``torch.compile`` calls it, SDPA; flash's
 eager calls through the C++ launcher, the default, and through the Python one, ``VIT_FLASH_LAUNCHER=python``)
 is called 50 times back to back after 5 warm-up calls, in ``--rounds`` interleaved rounds; the median round
 is printed. ``cpu`` is the wall time of enqueuing those calls (no synchronisation inside the loop, so the
@@ -79,12 +80,15 @@ def cases(B: int, H: int, N: int, d: int, dtype=torch.bfloat16) -> dict:
         "packed, py launch": _launcher("python", lambda: torch.autograd.grad(attention_qkvpacked(qkvg), (qkvg,), do)),
         "cuda fwd+bwd": lambda: torch.autograd.grad(cuda.attention(qg, kg, vg), (qg, kg, vg), do),
         "cuda packed fwd+bwd": lambda: torch.autograd.grad(cuda.attention_qkvpacked(qkvg), (qkvg,), do),
+        "cuda op fwd+bwd": lambda: torch.autograd.grad(cuda.ops.attn_fwd(qg, kg, vg, softmax_scale, False)[0],
+                                                      (qg, kg, vg), do),
         "sdpa fwd+bwd": lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg), (qg, kg, vg), do),
     }
 
 
 def profile(fn, calls: int = 200, top: int = 12) -> None:
-    """Print the ``top`` functions by own CPU time over ``calls`` calls of ``fn`` (after warm-up)."""
+    """Print the ``top`` Python functions by own CPU time over ``calls`` calls of ``fn`` (cProfile, after warm-up),
+    then the ``top`` ATen ops and CUDA runtime calls by own CPU time (torch.profiler, the C++ side)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -95,6 +99,11 @@ def profile(fn, calls: int = 200, top: int = 12) -> None:
     profiler.disable()
     torch.cuda.synchronize()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as ops:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=top), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
