@@ -1,0 +1,1 @@
+source .device/common.sh; BUDGET=400; phase trainsmall 380 python3 -m benchmarks.train --models vit_base_patch16_224_b16 vit_base_patch16_224_b64 --eager timm sdpa flash cuda --compiled --rounds 3 --steps 21 --max-minutes 5 --out $OUT --name train_small; finish

@@ -1,0 +1,1 @@
+source .device/common.sh; BUDGET=585; phase trainrange 570 python3 -m benchmarks.train --models vit_base_patch16_224 vit_base_patch16_512 vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --rounds 3 --steps 21 --max-minutes 8.5 --out $OUT --name train_range; finish
