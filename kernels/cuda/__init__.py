@@ -157,7 +157,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if tracing(qkv):
         return ops.attn_fwd_qkvpacked(qkv, scale, deterministic)[0]  # (B, H, N, d)
-    return EagerAttentionQKVPacked.apply(qkv, scale, deterministic)  # (B, H, N, d)
+    return EagerAttentionQKVPacked.apply(qkv, (q, k, v), scale, deterministic)  # (B, H, N, d)
 
 
 __all__ = ["DTYPES", "HEAD_DIMS", "attention", "attention_qkvpacked", "check_inputs"]

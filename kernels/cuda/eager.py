@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .. import split_qkv
 from . import ops
 
 
@@ -41,19 +40,22 @@ class EagerAttention(torch.autograd.Function):
 
 class EagerAttentionQKVPacked(torch.autograd.Function):
     """:class:`EagerAttention` on a packed ``(B, N, 3, H, d)`` qkv (``ops.attn_fwd_qkvpacked``'s kernels):
-    ``apply(qkv, softmax_scale, deterministic) -> out`` (B, H, N, d); the gradient is one contiguous
-    ``(B, N, 3, H, d)`` tensor."""
+    ``apply(qkv, views, softmax_scale, deterministic) -> out`` (B, H, N, d), ``views`` the caller's
+    ``split_qkv(qkv)`` (split once, not in each pass); the gradient is one contiguous ``(B, N, 3, H, d)`` tensor."""
 
     @staticmethod
-    def forward(ctx, qkv: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
-        out, lse = ops._fwd(*split_qkv(qkv), softmax_scale)  # (B, H, N, d), (B, H, N) float32
-        ctx.save_for_backward(qkv, out, lse)
+    def forward(ctx, qkv: Tensor, views: tuple[Tensor, Tensor, Tensor], softmax_scale: float,
+                deterministic: bool) -> Tensor:
+        out, lse = ops._fwd(*views, softmax_scale)  # (B, H, N, d), (B, H, N) float32
+        ctx.save_for_backward(qkv, *views, out, lse)
         ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout: Tensor):
-        qkv, out, lse = ctx.saved_tensors
-        splits = ops.dq_splits(split_qkv(qkv)[0], ops.BWD_WARPS) if ctx.deterministic else 0
-        return ops._bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale, ops.BWD_WARPS, splits), None, None
+        qkv, q, k, v, out, lse = ctx.saved_tensors
+        splits = ops.dq_splits(q, ops.BWD_WARPS) if ctx.deterministic else 0
+        dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)  # (B, N, 3, H, d)
+        ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS, splits, dqkv)
+        return dqkv, None, None, None

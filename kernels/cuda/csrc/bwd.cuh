@@ -31,6 +31,9 @@ template <int D, int WARPS> struct BwdTraits {
   static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : 64;
 };
 
+// Before the backward: delta = rowsum(dO ∘ O) (FlashAttention-2, Algorithm 2 line 4), one float32 per (b, h, n), and
+// that row of every dq_accum slice zeroed (in this kernel rather than a memset of its own: one launch fewer).
+// TPR threads per row, 8 columns each.
 template <int DTYPE, int D>
 __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
   using T = typename Elem<DTYPE>::T;
@@ -40,6 +43,11 @@ __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
   const int c = (threadIdx.x % TPR) * 8;
   float acc = 0.f;
   if (row < rows) {
+    const int slices = p.dq_splits > 0 ? p.dq_splits : 1;
+    for (int s = 0; s < slices; ++s) {
+      float4 *dq = reinterpret_cast<float4 *>(p.dq_accum + (s * rows + row) * D + c);
+      dq[0] = dq[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     const int n = row % p.N, h = (row / p.N) % p.H, b = row / ((int64_t)p.N * p.H);
     const uint4 ov = *reinterpret_cast<const uint4 *>(static_cast<const T *>(p.out) + b * p.out_st.batch +
                                                       h * p.out_st.head + n * p.out_st.row + c);
@@ -52,6 +60,39 @@ __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
 #pragma unroll
   for (int off = TPR / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffff, acc, off);
   if (row < rows && threadIdx.x % TPR == 0) p.delta[row] = acc;
+}
+
+// After the backward: dq = the dq_accum slices summed in slice order, rounded to dq's dtype (round to nearest even)
+// and stored with dq's strides (a packed gradient's view too). The layout of bwd_delta_kernel.
+template <int DTYPE, int D>
+__global__ void __launch_bounds__(256) bwd_dq_kernel(const BwdParams p) {
+  using T = typename Elem<DTYPE>::T;
+  constexpr int TPR = D / 8, RPB = 256 / TPR;
+  const int64_t row = (int64_t)blockIdx.x * RPB + threadIdx.x / TPR;
+  const int64_t rows = (int64_t)p.B * p.H * p.N;
+  if (row >= rows) return;
+  const int c = (threadIdx.x % TPR) * 8;
+  const int slices = p.dq_splits > 0 ? p.dq_splits : 1;
+  float acc[8] = {};
+  for (int s = 0; s < slices; ++s) {
+    const float4 *dq = reinterpret_cast<const float4 *>(p.dq_accum + (s * rows + row) * D + c);
+    const float4 a = dq[0], b = dq[1];
+    acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w, acc[4] += b.x, acc[5] += b.y, acc[6] += b.z,
+        acc[7] += b.w;
+  }
+  uint4 packed;
+  packed.x = Elem<DTYPE>::pack(acc[0], acc[1]), packed.y = Elem<DTYPE>::pack(acc[2], acc[3]);
+  packed.z = Elem<DTYPE>::pack(acc[4], acc[5]), packed.w = Elem<DTYPE>::pack(acc[6], acc[7]);
+  const int n = row % p.N, h = (row / p.N) % p.H, b = row / ((int64_t)p.N * p.H);
+  *reinterpret_cast<uint4 *>(static_cast<T *>(p.dq) + b * p.dq_st.batch + h * p.dq_st.head + n * p.dq_st.row + c) =
+      packed;
+}
+
+template <int DTYPE, int D> cudaError_t run_bwd_dq(const BwdParams &p, cudaStream_t stream) {
+  const int64_t rows = (int64_t)p.B * p.H * p.N;
+  constexpr int RPB = 256 / (D / 8);
+  bwd_dq_kernel<DTYPE, D><<<(unsigned)((rows + RPB - 1) / RPB), 256, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 // One CTA's work on the key tile starting at n0 of (batch b, head h): dK, dV of its keys, and its dS K added to dq
@@ -244,7 +285,8 @@ __global__ void __launch_bounds__(BwdTraits<D, WARPS>::kThreads, SPLITS ? 1 : 0)
 template <int DTYPE, int D, int WARPS> cudaError_t launch_bwd_kernel(const BwdParams &p, cudaStream_t stream) {
   using Tr = BwdTraits<D, WARPS>;
   auto kernel = p.dq_splits > 0 ? bwd_kernel<DTYPE, D, WARPS, true> : bwd_kernel<DTYPE, D, WARPS, false>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  cudaError_t err = p.dq_splits > 0 ? set_smem_once<bwd_kernel<DTYPE, D, WARPS, true>>(Tr::kSmemBytes)
+                                    : set_smem_once<bwd_kernel<DTYPE, D, WARPS, false>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   const int tiles = (p.N + Tr::kBlockN - 1) / Tr::kBlockN;
   if (p.dq_splits < 0 || p.dq_splits > tiles) return cudaErrorInvalidValue;
@@ -277,9 +319,9 @@ template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t
   bwd_delta_kernel<DTYPE, D><<<(unsigned)((rows + RPB - 1) / RPB), 256, 0, stream>>>(p);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  if (p.bwd_warps == 8) return launch_bwd_kernel<DTYPE, D, 8>(p, stream);
-  if (p.bwd_warps == 4) return launch_bwd_kernel<DTYPE, D, 4>(p, stream);
-  return cudaErrorInvalidValue;
+  if (p.bwd_warps != 8 && p.bwd_warps != 4) return cudaErrorInvalidValue;
+  err = p.bwd_warps == 8 ? launch_bwd_kernel<DTYPE, D, 8>(p, stream) : launch_bwd_kernel<DTYPE, D, 4>(p, stream);
+  return err != cudaSuccess ? err : run_bwd_dq<DTYPE, D>(p, stream);
 }
 
 }  // namespace vitk

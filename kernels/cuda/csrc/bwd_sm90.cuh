@@ -40,7 +40,7 @@
 // 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. Each
 // step's lse and delta go through shared memory (one per thread of each consumer, loaded under the products): read
 // from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
-// delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel, dq from the float32 accumulator.
+// delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel (which zeroes dq_accum), dq from dq_accum by its dq kernel.
 #pragma once
 #include <cuda.h>
 #include <type_traits>
@@ -479,15 +479,18 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90TraitsOf<D, DQ>;
-  auto kernel = bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>;
   constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA>::kSmemBytes;
   *what = "setting the sm90 backward's shared memory size";
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>>(smem);
   if (err != cudaSuccess) return err;
   *what = "the sm90 backward launch";
   dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3], tm[4], p);
-  return cudaGetLastError();
+  bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP><<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3],
+                                                                                       tm[4], p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  *what = "the backward's dq kernel";
+  return run_bwd_dq<DTYPE, D>(p, stream);
 }
 
 template <int DTYPE, int D>

@@ -160,11 +160,10 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads) fwd_kernel(const FwdPa
 
 template <int DTYPE, int D> cudaError_t run_fwd(const FwdParams &p, cudaStream_t stream) {
   using Tr = FwdTraits<D>;
-  auto kernel = fwd_kernel<DTYPE, D>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  cudaError_t err = set_smem_once<fwd_kernel<DTYPE, D>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   dim3 grid((p.N + Tr::kBlockM - 1) / Tr::kBlockM, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  fwd_kernel<DTYPE, D><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -421,7 +421,8 @@ cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **w
     return cudaErrorInvalidValue;
   auto kernel = pingpong ? fwd_sm90_kernel<DTYPE, D, true> : fwd_sm90_kernel<DTYPE, D, false>;
   *what = "setting the sm90 forward's shared memory size";
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  cudaError_t err = pingpong ? set_smem_once<fwd_sm90_kernel<DTYPE, D, true>>(Tr::kSmemBytes)
+                             : set_smem_once<fwd_sm90_kernel<DTYPE, D, false>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   *what = "the sm90 forward launch";
   dim3 grid((p.N + Tr::kBlockM - 1) / Tr::kBlockM, p.H, p.B);

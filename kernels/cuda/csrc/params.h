@@ -26,9 +26,9 @@ struct BwdParams {
   const void *q, *k, *v, *out, *dout;
   const float *lse;          // (B, H, N) from the forward
   float *delta;              // (B, H, N) scratch: rowsum(dout * out)
-  float *dq_accum;           // (B, H, N, d) float32, zero-initialised; dq before the cast
-  void *dk, *dv;             // (B, H, N, d), any strides with the last dimension contiguous and even row strides
-  Strides q_st, k_st, v_st, out_st, dout_st, dk_st, dv_st;
+  float *dq_accum;           // (max(1, dq_splits), B, H, N, d) float32, zeroed by the delta kernel; dq before the cast
+  void *dq, *dk, *dv;        // (B, H, N, d), any strides with the last dimension contiguous and even row strides
+  Strides q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;
   int B, H, N;
   float softmax_scale;
   int bwd_warps;             // 4 or 8: key rows per CTA = 16 * bwd_warps
