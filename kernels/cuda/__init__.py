@@ -8,9 +8,11 @@ kernels after FlashAttention-3 (Shah et al., 2024): a forward (``csrc/fwd_sm90.c
 ``wgmma`` from shared memory, a producer warpgroup feeding two consumer warpgroups through
 mbarriers) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
 an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto`` runs each Hopper
-kernel only where it measured faster (forward at N ≥ 128, backward at head_dim 128 and N ≥ 128;
+kernel only where it measured faster (forward and backward at head_dim 64 and 128 and N ≥ 128;
 see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md); ``VIT_CUDA_FWD_SM90``, ``VIT_CUDA_BWD_DQ`` and
-``VIT_CUDA_BWD_SM90`` choose among the Hopper kernels' variants (:mod:`.ops`). Contract: see :mod:`kernels`.
+``VIT_CUDA_BWD_SM90`` choose among the Hopper kernels' variants (:mod:`.ops`). Eager calls launch the kernels
+through ``torch.autograd.Function``s (:mod:`.eager`), which cost less CPU per call; ``torch.compile`` traces the
+``torch.library`` ops (:mod:`.ops`). Both run the same launchers. Contract: see :mod:`kernels`.
 Limits of this backend:
 
 - dtypes: float16 and bfloat16 (float32 accumulation); float32 inputs raise TypeError.
@@ -20,20 +22,21 @@ Limits of this backend:
 - strided inputs: the last dimension must have stride 1, else one copy is made here; rows must
   start on 16-byte boundaries (strides multiple of 8 elements), else the host code copies once.
 - the packed form the ViT calls, :func:`attention_qkvpacked` (``(B, N, 3, H, d)`` qkv): its backward writes
-  dq, dk, dv into one gradient of qkv's shape (the kernels store dk, dv through strides, dq is cast into
-  its slice), where the split form's gradients are stacked by autograd, a copy of the whole qkv.
+  dq, dk, dv into one gradient of qkv's shape (the kernels store dk, dv through strides, the dq kernel
+  writes dq into its slice), where the split form's gradients are stacked by autograd, a copy of the whole qkv.
 - dq is accumulated with float32 atomics across key tiles, so it is not bitwise reproducible run
   to run (dk, dv and out are). ``deterministic=True`` (``attention=cuda attention.deterministic=true``)
   makes it so, on one GPU model: the mma.sync backward in FlashAttention-2's deterministic mode (each of
-  ceil(SMs / (B·H)) CTAs per (batch, head) walks its key tiles in order into its own float32 dq slice, and
-  the slices are summed once), also where the Hopper backward would run otherwise.
+  the CTAs of a (batch, head) walks its key tiles in order into its own float32 dq slice, and the slices
+  are summed once in order; :func:`ops.dq_splits` picks the count that fills whole waves), also where the
+  Hopper backward would run otherwise: 1.2-1.7× the time of the default backward on an H200.
   ``VIT_CUDA_BWD_WARPS`` (4 or 8, default 8) sets the backward tile.
 - the extension compiles on first use and is cached (30 s with 16 jobs on the H200 machine, a few
   minutes on 2 cores): ``python -m kernels.cuda.build`` builds it ahead of time.
 
-Measured on an H200 (bf16, forward+backward, against SDPA's flash backend in the same run): 0.84× at
-(8, 12, 4096, 64) and 1.06× at (256, 12, 197, 64) in benchmarks/results/cuda_h200.md; 0.85× and 1.21×
-in the later benchmarks/results/attention_baseline.md (run-to-run spread).
+Measured on an H200 (bf16, forward+backward with the defaults, the peers in the same run,
+benchmarks/results/h200_20261204_c.md): 1.23-1.36× SDPA's FlashAttention-2 backend and 0.71-0.87× its cuDNN
+backend at the six ``benchmarks/cuda_bench.py`` shapes.
 """
 from __future__ import annotations
 

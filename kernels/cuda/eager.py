@@ -1,10 +1,10 @@
 """The CUDA kernels for eager calls: ``torch.autograd.Function``s that launch the same kernels as the
 ``torch.library`` ops in :mod:`.ops`, without the op dispatch.
 
-The op path's CPU cost per call is what a small batch cannot hide. H200 host, torch 2.11, eager forward+backward at
-(256, 12, 197, 64): 0.39 ms of CPU for 0.94 ms of GPU, against SDPA's 0.18 ms; cProfile put
-``torch/_library/custom_ops.py`` ``backend_impl`` first, at about 0.1 ms per op call
-(benchmarks/results/h200_20261204_c/call4_launch.log). ``torch.compile`` still traces the ops
+The op path's CPU cost per call is what a small batch cannot hide. H200 host, torch 2.11, forward+backward at
+(256, 12, 197, 64): 0.378 ms of CPU through the ops, 0.297 through these Functions, 0.203 for SDPA, in one process;
+cProfile put ``torch/_library/custom_ops.py`` ``backend_impl`` first on the op path
+(benchmarks/results/h200_20261204_d/call1_launch.log). ``torch.compile`` still traces the ops
 (:func:`kernels.tracing`). Results are bitwise the op path's: the same launchers with the same arguments.
 """
 from __future__ import annotations

@@ -41,9 +41,9 @@ SM90_HEAD_DIMS = (64, 128)
 #   0.527; (256, 12, 197, 64) a tie, 0.310 / 0.275 vs 0.351 / 0.270 (fwd+bwd 1.353 / 1.163 vs 1.362 / 1.317); at
 #   N >= 4096 0.88-0.98x cuDNN's forward against 0.37-0.57x for mma.sync (cuda_h200.md, 2026-12-01).
 # - backward sm90 at head_dim 64 and 128 from the same seq_len: fwd+bwd with the sm90 forward, (8, 16, 4096, 128)
-#   10.569 vs 14.997 for the mma.sync backward, (256, 12, 197, 128) 1.934 vs 2.015 (h200_20261204_b.md); head_dim 64
-#   with the row-split dQ (rows-tma) vs the mma.sync backward: (8, 12, 4096) 4.182 vs 5.893, (2, 12, 16384) 15.307
-#   vs 22.136, (64, 12, 577) 1.128 vs 1.443, (256, 12, 197) 1.275 vs 1.466 (h200_20261204_c.md, call 2).
+#   10.396 vs 14.910 for the mma.sync backward, (256, 12, 197, 128) 1.772 vs 2.034; head_dim 64 with the row-split dQ
+#   (rows-tma) vs the mma.sync backward: (8, 12, 4096) 4.122 vs 5.789, (2, 12, 16384) 15.289 vs 22.185,
+#   (64, 12, 577) 1.116 vs 1.542, (256, 12, 197) 1.054 vs 1.217 (h200_20261204_d.md, call 1).
 SM90_MIN_SEQ_LEN = 128
 # dQ in the Hopper backward (csrc/bwd_sm90.cuh): "atomic" (each consumer warpgroup adds dS·K over its own 64 keys by
 # float32 atomics), "columns" (each adds 64 of dQ's columns over all 128 keys: half the adds; head_dim 128 only),
@@ -52,9 +52,10 @@ SM90_MIN_SEQ_LEN = 128
 # kDqSum), "rows" and "rows-tma" (head_dim 64: 128 query rows a step instead of 64, FlashAttention-3's head_dim-64
 # tile, with consumer w adding dQ's rows 64w.. over all 128 keys, kDqRows).
 # "auto": columns-tma at head_dim 128, rows-tma at 64. H200, bf16, fwd+bwd ms: (8, 16, 4096, 128) columns-tma 10.669,
-# tma 10.827, columns 11.817 (h200_20261204_b.md); head_dim 64 rows-tma against rows, sum-tma and atomic (the last
-# from h200_20261204_b.md): (8, 12, 4096) 4.182 vs 4.437, 6.013, 7.086; (2, 12, 16384) 15.307 vs 16.176, 21.463,
-# 25.882; (64, 12, 577) 1.128 vs 1.178; (256, 12, 197) 1.275 vs 1.255, 1.558 (h200_20261204_c.md, call 2).
+# tma 10.827, columns 11.817 (h200_20261204_b.md); head_dim 64 rows-tma against rows and sum-tma
+# (h200_20261204_d.md, call 1): (8, 12, 4096) 4.122 vs 4.365, 5.929; (2, 12, 16384) 15.289 vs 16.186, 21.482;
+# (64, 12, 577) 1.116 vs 1.147, 1.593; (256, 12, 197) 1.054 vs 1.065, 1.329; atomic 7.086 and 25.882 at the first two
+# (h200_20261204_b.md).
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma", "rows", "rows-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:

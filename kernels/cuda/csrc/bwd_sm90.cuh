@@ -1,6 +1,6 @@
 // Hopper backward (sm_90a): FlashAttention-2's Algorithm 2 (as bwd.cuh) on the forward's Hopper
 // machinery (fwd_sm90.cuh: TMA, wgmma, a producer warpgroup, mbarriers). Passes the GPU tests on
-// an H200; ops.py's auto runs it at head_dim 128 and N >= 128, where it measured faster.
+// an H200; ops.py's auto runs it at head_dim 64 and 128 and N >= 128, where it measured faster.
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
@@ -33,7 +33,7 @@
 // same order: Pᵀ, dSᵀ and so dk, dv are bitwise those of the sequential consumer (dq too, but for the order of its
 // atomic adds, which differs run to run in both). At head_dim 128 it runs out
 // of registers (ptxas 13.0: C7512, wgmmas serialised, 750-910 bytes spilled), as the forward's overlap did.
-// kDqRows (head_dim 64 only, VIT_CUDA_BWD_DQ=rows or rows-tma; built, not yet run on a GPU): FlashAttention-3's
+// kDqRows (head_dim 64 only, VIT_CUDA_BWD_DQ=rows or rows-tma; rows-tma the default there): FlashAttention-3's
 // head_dim-64 tile, 128 query rows a step instead of 64. Sᵀ and dPᵀ become m64n128 products (N = 64 gave the
 // head_dim-64 kernels their small wgmmas: at 128 the dK and dV products already have N = 128), dV and dK take 8
 // k-steps, dSᵀ is stored in two 64-query blocks, and consumer w computes dQ's rows 64w..64w+63 of the step over all
