@@ -113,9 +113,12 @@ def dynamic_smem(out: Path) -> dict[tuple, int]:
 def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
     """A readable name for a mangled kernel of ``unit`` and its dynamic shared memory (0 where none)."""
     args = re.search(r"ILi(\d)ELi(\d+)E(.*?)EEv", kernel)
-    if "delta_kernel" in kernel:
+    if "delta_kernel" in kernel:  # delta = rowsum(dO ∘ O), and dq_accum zeroed
         d = re.search(r"ILi\d+ELi(\d+)", kernel).group(1)
         return f"delta {unit.split('_')[-1]} d{d}", 0
+    if "bwd_dq_kernel" in kernel:  # dq = dq_accum in the input dtype
+        d = re.search(r"ILi\d+ELi(\d+)", kernel).group(1)
+        return f"dq from dq_accum {unit.split('_')[-1]} d{d}", 0
     if args is None:
         return f"{unit}: {kernel[:40]}", 0
     dtype, d, rest = "bf16" if args.group(1) == "1" else "fp16", int(args.group(2)), args.group(3)
@@ -131,7 +134,9 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
         warps, split = re.search(r"Li(\d+)ELb(\d)", rest).groups()
         return f"bwd {dtype} d{d} {warps} warps{' deterministic' if split == '1' else ''}", \
             smem.get(("bwd80", d, int(warps)), 0)
-    return f"fwd {dtype} d{d}", smem.get(("fwd80", d), 0)
+    if "fwd_kernel" in kernel:
+        return f"fwd {dtype} d{d}", smem.get(("fwd80", d), 0)
+    return f"{unit}: {kernel[:40]}", 0
 
 
 def main() -> None:

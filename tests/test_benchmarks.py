@@ -430,3 +430,5 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     fwd = "_ZN4vitk15fwd_sm90_kernelILi1ELi128ELb1EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
     assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
                                                                                  164864)
+    dq = "_ZN4vitk13bwd_dq_kernelILi1ELi64EEEvNS_9BwdParamsE"  # named apart from the forward (it was once "fwd")
+    assert res.describe("bwd_sm90_hdim64_bf16", dq, smem) == ("dq from dq_accum bf16 d64", 0)
