@@ -12,7 +12,8 @@ the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dq
 ``cuda-sm90-overlap`` and ``cuda-sm90-dqtma-overlap`` (the Hopper backward's overlapped consumer, VIT_CUDA_BWD_SM90=overlap,
 with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-dqsum*`` (the two consumers' dQ summed in shared memory and
 added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-dqrows*`` (128 query rows a step, dQ
-split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64 only), ``cuda-sm90-pingpong`` (the Hopper forward's
+split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64 only; ``-pingpong``: its products issued
+by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 mma.sync backward in its deterministic mode). ``fwd err`` is
@@ -93,6 +94,7 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqsum-tma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma", bwd_sm90="overlap")
         backends["cuda-sm90-dqrows"] = cuda_with("sm90", "sm90", bwd_dq="rows")
         backends["cuda-sm90-dqrows-tma"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma")
+        backends["cuda-sm90-dqrows-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma", bwd_sm90="pingpong")
     return bench_shapes(backends, skip)
 
 

@@ -31,8 +31,8 @@ _SMEM_PROGRAM = r"""
 #include "fwd.cuh"
 #include "bwd_sm90.cuh"
 using namespace vitk;
-template <int D, int DQ, bool TMA> void bwd() {
-  std::printf("bwd %d %d %d %d\n", D, DQ, int(TMA), BwdSm90Variant<D, DQ, TMA>::kSmemBytes);
+template <int D, int DQ, bool TMA, bool PP = false> void bwd() {
+  std::printf("bwd %d %d %d %d %d\n", D, DQ, int(TMA), int(PP), BwdSm90Variant<D, DQ, TMA, PP>::kSmemBytes);
 }
 template <int D> void sm80() {
   std::printf("fwd80 %d %d\nbwd80 %d 4 %d\nbwd80 %d 8 %d\n", D, FwdTraits<D>::kSmemBytes, D, BwdTraits<D, 4>::kSmemBytes, D,
@@ -42,7 +42,7 @@ int main() {
   sm80<32>(); sm80<64>(); sm80<128>();
   std::printf("fwd 64 %d\nfwd 128 %d\n", FwdSm90Traits<64>::kSmemBytes, FwdSm90Traits<128>::kSmemBytes);
   bwd<64, kDqOwn, false>(); bwd<64, kDqOwn, true>(); bwd<64, kDqSum, false>(); bwd<64, kDqSum, true>();
-  bwd<64, kDqRows, false>(); bwd<64, kDqRows, true>();
+  bwd<64, kDqRows, false>(); bwd<64, kDqRows, true>(); bwd<64, kDqRows, true, true>();
   bwd<128, kDqOwn, false>(); bwd<128, kDqOwn, true>(); bwd<128, kDqCols, false>(); bwd<128, kDqCols, true>();
 }
 """
@@ -98,7 +98,7 @@ def sass_counts(cubin: Path) -> dict[str, dict]:
 
 
 def dynamic_smem(out: Path) -> dict[tuple, int]:
-    """{("fwd", D) or ("bwd", D, dq mode, tma): bytes} from the traits, by a host program built from the headers."""
+    """{("fwd", D) or ("bwd", D, dq mode, tma, pingpong): bytes} from the traits, by a host program built from the headers."""
     src, exe = out / "smem.cu", out / "smem"
     src.write_text(_SMEM_PROGRAM)
     subprocess.run([_nvcc(), "-std=c++17", "-arch=sm_90a", *DEFINES, "-I", str(build.CSRC), str(src), "-o", str(exe)],
@@ -124,9 +124,10 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
     dtype, d, rest = "bf16" if args.group(1) == "1" else "fp16", int(args.group(2)), args.group(3)
     if "bwd_sm90_kernel" in kernel:
         mode, tma, overlap = re.search(r"Li(\d)ELb(\d)ELb(\d)", rest).groups()
+        pp = mode == "3" and overlap == "1"  # OVERLAP with the row split: the ping-pong consumer
         name = f"bwd_sm90 {dtype} d{d} dQ {DQ_MODES[mode]}{' tma' if tma == '1' else ''}" \
-               f"{' overlap' if overlap == '1' else ''}"
-        return name, smem.get(("bwd", d, int(mode), int(tma)), 0)
+               f"{' pingpong' if pp else ' overlap' if overlap == '1' else ''}"
+        return name, smem.get(("bwd", d, int(mode), int(tma), int(pp)), 0)
     if "fwd_sm90_kernel" in kernel:
         pingpong = re.search(r"Lb(\d)", rest).group(1) == "1"
         return f"fwd_sm90 {dtype} d{d}{' pingpong' if pingpong else ''}", smem.get(("fwd", d), 0)

@@ -424,9 +424,11 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     sm90, sm80 = rows
     assert rows[sm90] == {"spills": 0, "registers": 168, "static_smem": 48}
     assert rows[sm80] == {"spills": 12, "registers": 227, "static_smem": 0}
-    smem = {("bwd", 64, 3, 1): 166912, ("bwd80", 64, 8): 93184}
+    smem = {("bwd", 64, 3, 1, 0): 166912, ("bwd", 64, 3, 1, 1): 199680, ("bwd80", 64, 8): 93184}
     assert res.describe("bwd_sm90_hdim64_bf16", sm90, smem) == ("bwd_sm90 bf16 d64 dQ rows tma", 166912)
     assert res.describe("bwd_hdim64_fp16", sm80, smem) == ("bwd fp16 d64 8 warps deterministic", 93184)
+    pp = sm90.replace("Li3ELb1ELb0", "Li3ELb1ELb1")  # OVERLAP with the row split: the ping-pong consumer
+    assert res.describe("bwd_sm90_hdim64_bf16", pp, smem) == ("bwd_sm90 bf16 d64 dQ rows tma pingpong", 199680)
     fwd = "_ZN4vitk15fwd_sm90_kernelILi1ELi128ELb1EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
     assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
                                                                                  164864)

@@ -179,8 +179,10 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
                       q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, "the summed dQ needs head_dim 64, got ", q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.dq_rows || q.size(3) == 64, "the row-split dQ needs head_dim 64, got ", q.size(3));
-    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || !(sm90_opt.dq_sum || sm90_opt.dq_cols || sm90_opt.overlap),
-                      "the row-split dQ is its own dQ mode: not with dq_cols, dq_sum or overlap");
+    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || !(sm90_opt.dq_sum || sm90_opt.dq_cols),
+                      "the row-split dQ is its own dQ mode: not with dq_cols or dq_sum");
+    TORCH_CHECK_VALUE(!(sm90_opt.dq_rows && sm90_opt.overlap) || sm90_opt.dq_tma,
+                      "the ping-pong consumer (dq_rows with overlap) adds dQ by TMA: needs dq_tma");
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -282,6 +284,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap) -> [dq, dk, dv]; dq_cols: dQ split by columns across "
         "the consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim "
         "64), dq_rows: 128 query rows a step, dQ split by rows across the consumers (head_dim 64), dq_tma: dQ "
-        "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64)");
+        "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64; "
+        "with dq_rows and dq_tma the ping-pong consumer)");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

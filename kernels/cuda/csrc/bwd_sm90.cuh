@@ -40,6 +40,8 @@
 // 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. Each
 // step's lse and delta go through shared memory (one per thread of each consumer, loaded under the products): read
 // from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
+// OVERLAP with kDqRows and DQ_TMA (VIT_CUDA_BWD_SM90=pingpong, opt-in): the ping-pong consumer, bwd_sm90_consume_pp
+// below (the two consumers issue their products in turn; dQ one step late; dSᵀ double-buffered).
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel (which zeroes dq_accum), dq from dq_accum by its dq kernel.
 #pragma once
 #include <cuda.h>
@@ -79,12 +81,14 @@ template <int D, int DQ> using BwdSm90TraitsOf = BwdSm90Traits<D, DQ == kDqRows 
 // the register split (DQ_TMA and kDqRows: 24 for the producer, 240 for each consumer, as FlashAttention-3 splits three
 // warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
 
-template <int D, int DQ, bool DQ_TMA> struct BwdSm90Variant {
+template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
+  static_assert(!PP || (D == 64 && DQ == kDqRows && DQ_TMA), "the ping-pong consumer: head_dim 64, rows-tma");
+  static constexpr int kDsBuffers = PP ? 2 : 1;  // dSᵀ, double-buffered for the ping-pong consumer
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
   static constexpr int kLsdFloats = DQ == kDqRows ? Tr::kConsumers * 2 * Tr::kBlockM : 0;  // a step's lse, delta
-  static constexpr int kSmemBytes = Tr::kSmemBytes + (kBoxFloats + kLsdFloats) * 4;
+  static constexpr int kSmemBytes = Tr::kSmemBytes + (kDsBuffers - 1) * Tr::kDSBytes + (kBoxFloats + kLsdFloats) * 4;
   static constexpr bool kWide = DQ_TMA || DQ == kDqRows;  // the consumers' 240 registers
   static constexpr int kProducerRegs = kWide ? 24 : Tr::kProducerRegs;
   static constexpr int kConsumerRegs = kWide ? 240 : Tr::kConsumerRegs;
@@ -427,6 +431,178 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   if constexpr (DQ_TMA)  // the last reduce-adds have read the staging boxes before the CTA's shared memory goes
     if (warpgroup_leader()) bulk_wait_read<0>();
 }
+
+// The ping-pong consumer (kDqRows with TMA dQ, head_dim 64; VIT_CUDA_BWD_SM90=pingpong): the row split's arithmetic
+// in the row split's order, scheduled as FlashAttention-3 schedules its forward (§3.1). The sequential consumers run
+// each phase together (both issue Sᵀ and dPᵀ, both take their exponentials, both issue dV, dK, both wait at the
+// dSᵀ barrier, both issue dQ), so the tensor cores idle while both compute the softmax. Here a step has two batches
+// of products, [Sᵀ_i, dPᵀ_i] and [dV_i, dK_i, dQ_{i-1}], and two named barriers (TURN) make the consumers issue
+// their batches in turn: 0's first, 1's first, 0's second, 1's second, ... so one consumer's exponentials and dQ
+// staging run while the other's products do. dQ of step i is issued one step late, in step i + 1's second batch, so
+// no consumer waits for the other's half of dSᵀ within a step: dSᵀ is double-buffered in shared memory, READY(i,
+// writer) says that writer's half of step i's dSᵀ is stored, FREE(i, reader) that reader's dQ of step i has read it
+// (the writer's step i + 2 may overwrite it). Each named barrier pairs 128 arriving with 128 syncing threads, and
+// every id is used once per two steps, so no consumer arrives twice before the other syncs (argued at each wait).
+template <int DTYPE>
+__device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
+                                                    const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
+                                                    const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
+                                                    float *dQs, float *lsd, const CUtensorMap *tm_dq,
+                                                    BwdSm90Barriers<BwdSm90Traits<64>::kStages> &bar, int w, int tid,
+                                                    int n0, int h, int b, int m_blocks) {
+  using T = typename Elem<DTYPE>::T;
+  using Tr = BwdSm90TraitsOf<64, kDqRows>;
+  constexpr int D = 64, BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2, kBoth = 256;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
+  const int64_t bh = (int64_t)b * p.H + h;
+  const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
+  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys
+  float *dQw = dQs + w * 64 * 2 * NO;                       // this warpgroup's dQ staging boxes
+  float *lsd_w = lsd + w * 2 * BM;                          // this warpgroup's copy of a step's lse, then delta
+  const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
+  const int turn_mine = 5 + w, turn_theirs = 6 - w;         // named barriers 5, 6 (1-4: the other consumers')
+  auto ready = [](int i, int writer) { return 7 + 2 * (i & 1) + writer; };  // 7-10
+  auto freed = [](int i, int reader) { return 11 + 2 * (i & 1) + reader; };  // 11-14
+  auto ds_buf = [dSs](int i) { return dSs + (i & 1) * BN * BM; };           // step i's dSᵀ, (BM/64, BN, 64)
+  float dk[NO], dv[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) dk[i] = dv[i] = 0.f;
+
+  auto issue_dq = [&](float (&dqw)[NO], int i) {  // dQ rows of step i, this warpgroup's 64 queries, all 128 keys
+    const T *dSb = ds_buf(i) + w * BN * 64;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSb + kk * 16 * 64, BN * 128), make_desc_mn(Ks + kk * 16 * 64, BN * 128),
+                                kk > 0);
+  };
+  auto add_dq = [&](const float (&dqw)[NO], int i) {  // into dq_accum by TMA reduce-add from the staging boxes
+    if (warpgroup_leader()) bulk_wait_read<0>();  // the previous reduce-add has read the boxes
+    warpgroup_sync(w);
+    bwd_sm90_store_dq(dQw, dqw, warp, g, t);
+    fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
+    warpgroup_sync(w);
+    const int row0 = i * BM + 64 * w;
+    if (warpgroup_leader() && row0 < N) {  // a last step's second half may be empty; rows past N are dropped
+#pragma unroll
+      for (int c = 0; c < NO / 16; ++c) tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, 32 * c, row0, blockIdx.y, blockIdx.z);
+      bulk_commit();
+    }
+  };
+
+  mbar_wait(&bar.kv_full, 0);
+  if (w == 1) named_barrier_arrive(turn_theirs, kBoth);  // consumer 0 issues first
+  // One step; HAS_DQ (every step but the first) adds the previous step's dQ to the second batch. A run-time branch
+  // around that dQ made ptxas inject warpgroup.arrive around the batch (C7519) and spill 60 bytes.
+  auto step = [&](int i, auto has_dq) {
+    constexpr bool HAS_DQ = decltype(has_dq)::value;
+    const int st = i % S, m0 = i * BM;
+    const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
+    float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NO] = {};
+    uint32_t pa[BM / 16][4], sa[BM / 16][4];
+    mbar_wait(&bar.qd_full[st], (i / S) & 1);
+    named_barrier_sync(turn_mine, kBoth);
+    fence_operands(s);
+    fence_operands(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ over head columns 16kk..16kk+15
+      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Kw + kk * 16), make_desc_k(Qb + kk * 16), kk > 0);
+      wgmma_ss_n128<DTYPE, 0, 0>(dp, make_desc_k(Vw + kk * 16), make_desc_k(dOb + kk * 16), kk > 0);
+    }
+    wgmma_commit();
+    named_barrier_arrive(turn_theirs, kBoth);
+    {
+      const int q = m0 + tid;
+      lsd_w[tid] = q < N ? lse[q] : 0.f;
+      lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
+    }
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+    warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's first barrier)
+    bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
+    bwd_sm90_grad(s, dp, lsd_w + BM, m0, scale, m0, N, t);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+        sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+      }
+    // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
+    // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id
+    // (step i + 1) follows this sync.
+    if (i >= 2) named_barrier_sync(freed(i - 2, 1 - w), kBoth);
+    bwd_sm90_store_ds(ds_buf(i) + w * 64 * 64, sa, warp, g, t);
+    fence_proxy_async_shared();
+    named_barrier_arrive(ready(i, w), kBoth);
+    // The other consumer stored its half of step i - 1's dSᵀ before its second batch of step i - 1, which came
+    // before this consumer's first batch of step i: this wait has already been met unless that store is late.
+    if constexpr (HAS_DQ) named_barrier_sync(ready(i - 1, 1 - w), kBoth);
+    named_barrier_sync(turn_mine, kBoth);
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(sa);
+    fence_operands(dqw);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
+      wgmma_rs_n64<DTYPE>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128), 1);
+      wgmma_rs_n64<DTYPE>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128), 1);
+    }
+    if constexpr (HAS_DQ) issue_dq(dqw, i - 1);
+    wgmma_commit();
+    named_barrier_arrive(turn_theirs, kBoth);
+    wgmma_wait<0>();
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(sa);
+    fence_operands(dqw);
+    mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
+    if constexpr (HAS_DQ) {
+      named_barrier_arrive(freed(i - 1, w), kBoth);  // this consumer's dQ of step i - 1 has read both halves
+      add_dq(dqw, i - 1);
+    }
+  };
+  step(0, std::false_type{});
+  for (int i = 1; i < m_blocks; ++i) step(i, std::true_type{});
+  {  // the last step's dQ (m_blocks >= 1: N >= 1)
+    const int i = m_blocks - 1;
+    float dqw[NO] = {};
+    named_barrier_sync(ready(i, 1 - w), kBoth);
+    named_barrier_sync(turn_mine, kBoth);
+    fence_operands(dqw);
+    wgmma_fence();
+    issue_dq(dqw, i);
+    wgmma_commit();
+    named_barrier_arrive(turn_theirs, kBoth);
+    wgmma_wait<0>();
+    fence_operands(dqw);
+    named_barrier_arrive(freed(i, w), kBoth);
+    add_dq(dqw, i);
+  }
+  for (int j = m_blocks >= 2 ? m_blocks - 2 : 0; j < m_blocks; ++j)  // the FREE arrivals no later store waited for
+    named_barrier_sync(freed(j, 1 - w), kBoth);
+  if (w == 0) named_barrier_sync(turn_mine, kBoth);  // consumer 1's last arrival
+
+  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
+  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int n = key + 8 * r;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int c = 8 * j + 2 * t;
+      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+  if (warpgroup_leader()) bulk_wait_read<0>();  // the last reduce-adds have read the staging boxes
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
@@ -437,15 +613,17 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90TraitsOf<D, DQ>;
+  constexpr bool PP = OVERLAP && DQ == kDqRows;  // OVERLAP with the row split: the ping-pong consumer
+  using V = BwdSm90Variant<D, DQ, DQ_TMA, PP>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ BwdSm90Barriers<Tr::kStages> bar;
   T *Ks = reinterpret_cast<T *>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));  // (D/64, BN, 64)
   T *Vs = Ks + Tr::kBlockN * D;
   T *Qs = Vs + Tr::kBlockN * D;                 // (kStages, D/64, BM, 64)
   T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
-  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (BM/64, BN, 64): dSᵀ, swizzled
-  float *dQs = reinterpret_cast<float *>(dSs + Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, 64, 32)
-  float *lsd = dQs + BwdSm90Variant<D, DQ, DQ_TMA>::kBoxFloats;               // DQ_ROWS: (consumers, 2, BM)
+  T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (kDsBuffers, BM/64, BN, 64): dSᵀ, swizzled
+  float *dQs = reinterpret_cast<float *>(dSs + V::kDsBuffers * Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, 64, 32)
+  float *lsd = dQs + V::kBoxFloats;  // DQ_ROWS: (consumers, 2, BM)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
   // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
@@ -464,12 +642,15 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   }
   __syncthreads();
   if (wg == 0) {
-    setmaxnreg_dec<BwdSm90Variant<D, DQ, DQ_TMA>::kProducerRegs>();
+    setmaxnreg_dec<V::kProducerRegs>();
     if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
   } else {
-    setmaxnreg_inc<BwdSm90Variant<D, DQ, DQ_TMA>::kConsumerRegs>();
-    bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h,
-                                                    b, m_blocks());
+    setmaxnreg_inc<V::kConsumerRegs>();
+    if constexpr (PP)
+      bwd_sm90_consume_pp<DTYPE>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h, b, m_blocks());
+    else
+      bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0,
+                                                      h, b, m_blocks());
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -479,7 +660,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90TraitsOf<D, DQ>;
-  constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA>::kSmemBytes;
+  constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA, OVERLAP && DQ == kDqRows>::kSmemBytes;
   *what = "setting the sm90 backward's shared memory size";
   cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>>(smem);
   if (err != cudaSuccess) return err;
@@ -512,8 +693,12 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the summed dQ (head_dim 64 only)";
     return cudaErrorInvalidValue;
   }
-  if (opt.dq_rows && (D != 64 || opt.dq_sum || opt.overlap)) {
-    *what = "the row-split dQ (head_dim 64 only, not with the summed dQ or the overlapped consumer)";
+  if (opt.dq_rows && (D != 64 || opt.dq_sum)) {
+    *what = "the row-split dQ (head_dim 64 only, not with the summed dQ)";
+    return cudaErrorInvalidValue;
+  }
+  if (opt.dq_rows && opt.overlap && !opt.dq_tma) {
+    *what = "the ping-pong consumer (the row-split dQ with overlap) adds dQ by TMA only";
     return cudaErrorInvalidValue;
   }
   // the Q, dO boxes' rows: BwdSm90TraitsOf<64, kDqRows>::kBlockM (named only where it exists: D = 64)
@@ -537,10 +722,10 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
   // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum, kDqRows and OVERLAP at 64
   auto pick = [&](auto dq) {
     constexpr int M = decltype(dq)::value;
-    constexpr bool OV = D == 64 && M != kDqRows;  // OVERLAP kernels: head_dim 64, not kDqRows (checked above)
+    constexpr bool OV = D == 64;  // OVERLAP kernels: head_dim 64; with kDqRows the ping-pong consumer, TMA dQ only
     if (opt.overlap)
       return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, OV>(tm, p, stream, what)
-                        : launch_bwd_sm90<DTYPE, D, M, false, OV>(tm, p, stream, what);
+                        : launch_bwd_sm90<DTYPE, D, M, false, OV && M != kDqRows>(tm, p, stream, what);
     return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, false>(tm, p, stream, what)
                       : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
   };
