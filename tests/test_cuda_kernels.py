@@ -522,7 +522,7 @@ print("finished")
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
-    products in turn, six named barriers between them) run to the end in a child process, so
+    products in turn, ten named barriers between them) run to the end in a child process, so
     that a pipeline deadlock (an mbarrier or named barrier never completing) fails here in 60 s instead of hanging
     the session."""
     if not is_hopper():
@@ -675,8 +675,8 @@ def test_sm90_row_split_dq_against_own(N, dq_tma):
 def test_sm90_pingpong_backward_equals_sequential_bitwise(N):
     """The ping-pong consumer does the row split's arithmetic in the same order, only scheduled otherwise: dk and dv
     (each CTA writes its own) bitwise equal; dq (float32 TMA reduce-adds from every key tile, in a run-dependent order)
-    within about one bf16 step of its largest entry. N = 1, 128: one step (no dQ in a second batch); 129, 300: two
-    and three (the doubled dSᵀ buffers wrap)."""
+    within about one bf16 step of its largest entry. N = 1, 128: one step (no dQ in a second batch); 129: two; 300,
+    577, 4096: three or more (the doubled dSᵀ buffers wrap)."""
     rows = {"dq_rows": True, "dq_tma": True}
     sequential, pingpong = _sm90_backward_twice(N, rows, {**rows, "overlap": True})
     assert torch.equal(sequential[1], pingpong[1]) and torch.equal(sequential[2], pingpong[2])
