@@ -8,7 +8,8 @@ Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5
 ``cuda-sm90`` (the Hopper forward, csrc/fwd_sm90.cuh, with the mma.sync backward) and
 ``cuda-sm90-bwd90`` (Hopper forward and backward, csrc/bwd_sm90.cuh) ``cuda-sm90-dqcols`` (the same with
 the column-split dQ, VIT_CUDA_BWD_DQ=columns; head_dim 128 only), ``cuda-sm90-dqtma`` and ``cuda-sm90-dqcols-tma``
-(those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma),
+(those two with dQ added by TMA reduce-add instead of atomics, VIT_CUDA_BWD_DQ=tma / columns-tma;
+``cuda-sm90-dqcols-tma-pingpong``: its products issued by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong),
 ``cuda-sm90-overlap`` and ``cuda-sm90-dqtma-overlap`` (the Hopper backward's overlapped consumer, VIT_CUDA_BWD_SM90=overlap,
 with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-dqsum*`` (the two consumers' dQ summed in shared memory and
 added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-dqrows*`` (128 query rows a step, dQ
@@ -95,6 +96,7 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqrows"] = cuda_with("sm90", "sm90", bwd_dq="rows")
         backends["cuda-sm90-dqrows-tma"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma")
         backends["cuda-sm90-dqrows-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma", bwd_sm90="pingpong")
+        backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", bwd_sm90="pingpong")
     return bench_shapes(backends, skip)
 
 

@@ -44,6 +44,7 @@ int main() {
   bwd<64, kDqOwn, false>(); bwd<64, kDqOwn, true>(); bwd<64, kDqSum, false>(); bwd<64, kDqSum, true>();
   bwd<64, kDqRows, false>(); bwd<64, kDqRows, true>(); bwd<64, kDqRows, true, true>();
   bwd<128, kDqOwn, false>(); bwd<128, kDqOwn, true>(); bwd<128, kDqCols, false>(); bwd<128, kDqCols, true>();
+  bwd<128, kDqCols, true, true>();
 }
 """
 
@@ -124,7 +125,7 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
     dtype, d, rest = "bf16" if args.group(1) == "1" else "fp16", int(args.group(2)), args.group(3)
     if "bwd_sm90_kernel" in kernel:
         mode, tma, overlap = re.search(r"Li(\d)ELb(\d)ELb(\d)", rest).groups()
-        pp = mode == "3" and overlap == "1"  # OVERLAP with the row split: the ping-pong consumer
+        pp = mode in ("1", "3") and overlap == "1"  # OVERLAP with a split dQ: the ping-pong consumer
         name = f"bwd_sm90 {dtype} d{d} dQ {DQ_MODES[mode]}{' tma' if tma == '1' else ''}" \
                f"{' pingpong' if pp else ' overlap' if overlap == '1' else ''}"
         return name, smem.get(("bwd", d, int(mode), int(tma), int(pp)), 0)

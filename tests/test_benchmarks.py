@@ -429,6 +429,9 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     assert res.describe("bwd_hdim64_fp16", sm80, smem) == ("bwd fp16 d64 8 warps deterministic", 93184)
     pp = sm90.replace("Li3ELb1ELb0", "Li3ELb1ELb1")  # OVERLAP with the row split: the ping-pong consumer
     assert res.describe("bwd_sm90_hdim64_bf16", pp, smem) == ("bwd_sm90 bf16 d64 dQ rows tma pingpong", 199680)
+    cols = sm90.replace("Li64ELi3ELb1ELb0", "Li128ELi1ELb1ELb1")
+    assert res.describe("bwd_sm90_hdim128_bf16", cols, {("bwd", 128, 1, 1, 1): 197632}) == (
+        "bwd_sm90 bf16 d128 dQ columns tma pingpong", 197632)
     fwd = "_ZN4vitk15fwd_sm90_kernelILi1ELi128ELb1EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
     assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
                                                                                  164864)

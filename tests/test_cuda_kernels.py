@@ -148,13 +148,13 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (4 if d == 128 else 11), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows
+        assert len(kernels) == (5 if d == 128 else 11), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows; pp
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
             mode, tma, overlap = re.search(r"ELi(\d)ELb(\d)ELb(\d)EE", kernel).groups()
             cols, summed, rows, tma, overlap = mode == "1", mode == "2", mode == "3", tma == "1", overlap == "1"
-            pp = rows and overlap  # the ping-pong consumer: its first step and its last dQ peeled, so twice the code
+            pp = (rows or cols) and overlap  # the ping-pong consumer: its first step and last dQ peeled, twice the code
             copies = 2 if pp else 1
             if summed:
                 assert len(re.findall(r"LDS\.64", sass)) == d // 4, f"{kernel}: consumer 0's dQ_w is not read back"
@@ -441,13 +441,12 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     monkeypatch.setattr(ops, "BWD_SM90", "overlap")
     with pytest.raises(ValueError, match="overlap has a kernel for head_dim 64 with 64 query rows"):
         ops.sm90_bwd_options(q64)
-    monkeypatch.setattr(ops, "BWD_SM90", "pingpong")  # the extension's overlap flag with the row split
-    with pytest.raises(ValueError, match="pingpong has a kernel for head_dim 64 with VIT_CUDA_BWD_DQ=rows-tma"):
+    monkeypatch.setattr(ops, "BWD_SM90", "pingpong")  # the extension's overlap flag with the row or column split
+    with pytest.raises(ValueError, match="pingpong has kernels for VIT_CUDA_BWD_DQ=rows-tma.*got VIT_CUDA_BWD_DQ=rows;"):
         ops.sm90_bwd_options(q64)
     monkeypatch.setattr(ops, "BWD_DQ", "auto")
     assert ops.sm90_bwd_options(q64) == (False, False, True, True, True)
-    with pytest.raises(ValueError, match="pingpong has a kernel for head_dim 64.*got head_dim 128"):
-        ops.sm90_bwd_options(q128)
+    assert ops.sm90_bwd_options(q128) == (True, False, False, True, True)
     monkeypatch.setattr(ops, "BWD_SM90", "sequential")
     monkeypatch.setattr(ops, "BWD_DQ", "split")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
@@ -518,11 +517,13 @@ print("finished")
     ("tma", "sequential", "sequential"), ("columns-tma", "sequential", "sequential"), ("atomic", "sequential", "overlap"),
     ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
     ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
-    ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong")])
+    ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
+    ("columns-tma", "sequential", "pingpong")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
-    products in turn, ten named barriers between them) run to the end in a child process, so
+    products in turn, ten named barriers between them, and columns-tma with it at head_dim 128) run to the end in a
+    child process, so
     that a pipeline deadlock (an mbarrier or named barrier never completing) fails here in 60 s instead of hanging
     the session."""
     if not is_hopper():
@@ -559,14 +560,15 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
-                                 "sm90-dqrows-tma-pp"])
+                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
     consumers, then the mma.sync backward; sm90-dqtma, sm90-dqcols-tma: dQ by TMA reduce-add; sm90-overlap: the
     backward's overlapped consumer, with atomic or TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
     summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
-    rows across the consumers; sm90-dqrows-tma-pp: that kernel's products issued by the two consumers in turn)."""
+    rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
+    consumers in turn)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -580,7 +582,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-overlap": "atomic", "sm90-overlap-dqtma": "tma", "sm90-dqsum": "sum",
                                         "sm90-dqsum-tma": "sum-tma", "sm90-overlap-dqsum": "sum",
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
-                                        "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma"}.get(bwd, "atomic"))
+                                        "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
+                                        "sm90-dqcols-tma-pp": "columns-tma"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "sequential")
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
@@ -620,16 +623,17 @@ def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overla
     return dq_cols, dq_sum, dq_rows, dq_tma, overlap
 
 
-def _sm90_backward_twice(N, first: dict, second: dict):
+def _sm90_backward_twice(N, first: dict, second: dict, head_dim: int = 64):
     """((dq, dk, dv), (dq, dk, dv)): the Hopper backward with flags ``first``, then ``second`` (:func:`_sm90_flags`),
-    on the same fresh bf16 (2, 3, N, 64) inputs and one Hopper forward; skips off Hopper."""
+    on the same fresh bf16 (2, 3, N, head_dim) inputs and one Hopper forward; skips off Hopper."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
-    q, k, v = make_qkv(2, 3, N, 64, dtype=torch.bfloat16, device="cuda", requires_grad=False)
-    out, lse = ext.fwd_sm90(q, k, v, 0.125)
+    q, k, v = make_qkv(2, 3, N, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    scale = head_dim**-0.5
+    out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
-    return tuple(ext.bwd_sm90(do, q, k, v, out, lse, 0.125, None, *_sm90_flags(**flags)) for flags in (first, second))
+    return tuple(ext.bwd_sm90(do, q, k, v, out, lse, scale, None, *_sm90_flags(**flags)) for flags in (first, second))
 
 
 @pytest.mark.gpu
@@ -671,14 +675,16 @@ def test_sm90_row_split_dq_against_own(N, dq_tma):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("N", [1, 50, 128, 129, 300, 577, 4096])
-def test_sm90_pingpong_backward_equals_sequential_bitwise(N):
+def test_sm90_pingpong_backward_equals_sequential_bitwise(N, head_dim):
     """The ping-pong consumer does the row split's arithmetic in the same order, only scheduled otherwise: dk and dv
     (each CTA writes its own) bitwise equal; dq (float32 TMA reduce-adds from every key tile, in a run-dependent order)
-    within about one bf16 step of its largest entry. N = 1, 128: one step (no dQ in a second batch); 129: two; 300,
-    577, 4096: three or more (the doubled dSᵀ buffers wrap)."""
-    rows = {"dq_rows": True, "dq_tma": True}
-    sequential, pingpong = _sm90_backward_twice(N, rows, {**rows, "overlap": True})
+    within about one bf16 step of its largest entry. Head_dim 64: the row split, 128 query rows a step (N = 1, 128: one
+    step, no dQ in a second batch; 129: two; 300, 577, 4096: three or more, the doubled dSᵀ buffers wrap); 128: the
+    column split, 64 rows a step."""
+    split = {"dq_rows": True, "dq_tma": True} if head_dim == 64 else {"dq_cols": True, "dq_tma": True}
+    sequential, pingpong = _sm90_backward_twice(N, split, {**split, "overlap": True}, head_dim)
     assert torch.equal(sequential[1], pingpong[1]) and torch.equal(sequential[2], pingpong[2])
     assert max_err(sequential[0], pingpong[0]) <= 1e-2 * sequential[0].abs().max().item()
 
@@ -733,6 +739,7 @@ def test_sm90_each_stage_against_float64(head_dim):
     if head_dim == 128:
         kernels["sm90-dqcols"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True))
         kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True, dq_tma=True))
+        kernels["sm90-dqcols-tma-pp"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True, dq_tma=True, overlap=True))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)

@@ -62,9 +62,9 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). "auto": sequential.
 # Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
 # (2, 12, 16384, 64) 27.520 vs 25.882, (256, 12, 197, 64) 1.736 vs 1.545. It applies where the Hopper backward runs:
-# with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64. "pingpong" (head_dim 64, with
-# rows-tma): the row split's products issued by the two consumers in turn, each one's softmax under the other's
-# products, dQ one step late (csrc/bwd_sm90.cuh, bwd_sm90_consume_pp).
+# with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64. "pingpong" (with rows-tma at
+# head_dim 64, columns-tma at 128, the auto dQ modes there): the products issued by the two consumers in turn, each
+# one's softmax under the other's products, dQ one step late (csrc/bwd_sm90.cuh, bwd_sm90_consume_pp).
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
@@ -221,8 +221,8 @@ def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
     """``(dq_cols, dq_sum, dq_rows, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ``
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
     "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, rows-tma at 64) and ``BWD_SM90`` (env
-    ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (head_dim 64, rows-tma
-    only; the extension's overlap flag with dq_rows), "auto": sequential).
+    ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
+    columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "auto": sequential).
 
     Raises:
         ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, or a mode at a head_dim it has no kernel for.
@@ -243,9 +243,9 @@ def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
     if BWD_SM90 == "overlap" and (head_dim != 64 or rows):
         raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64 with 64 query rows a step, got "
                          f"head_dim {head_dim} and VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
-    if BWD_SM90 == "pingpong" and mode != "rows-tma":
-        raise ValueError(f"VIT_CUDA_BWD_SM90=pingpong has a kernel for head_dim 64 with VIT_CUDA_BWD_DQ=rows-tma (its "
-                         f"auto there), got head_dim {head_dim} and VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
+    if BWD_SM90 == "pingpong" and mode not in ("rows-tma", "columns-tma"):
+        raise ValueError(f"VIT_CUDA_BWD_SM90=pingpong has kernels for VIT_CUDA_BWD_DQ=rows-tma (head_dim 64) and "
+                         f"columns-tma (128), the auto modes there; got VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
     return cols, summed, rows, mode.endswith("tma"), BWD_SM90 in ("overlap", "pingpong")
 
 

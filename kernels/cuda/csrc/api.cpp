@@ -175,8 +175,11 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 backward has kernels for head_dim 64 and 128, got 32");
     TORCH_CHECK_VALUE(!sm90_opt.dq_cols || q.size(3) == 128, "the column split of dQ needs head_dim 128, got ",
                       q.size(3));
-    TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64, "the overlapped sm90 consumer needs head_dim 64, got ",
+    TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64 || sm90_opt.dq_cols,
+                      "the overlapped sm90 consumer needs head_dim 64 (at 128 the ping-pong one, dq_cols), got ",
                       q.size(3));
+    TORCH_CHECK_VALUE(!(sm90_opt.dq_cols && sm90_opt.overlap) || sm90_opt.dq_tma,
+                      "the ping-pong consumer (dq_cols with overlap) adds dQ by TMA: needs dq_tma");
     TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, "the summed dQ needs head_dim 64, got ", q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.dq_rows || q.size(3) == 64, "the row-split dQ needs head_dim 64, got ", q.size(3));
     TORCH_CHECK_VALUE(!sm90_opt.dq_rows || !(sm90_opt.dq_sum || sm90_opt.dq_cols),
@@ -285,6 +288,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim "
         "64), dq_rows: 128 query rows a step, dQ split by rows across the consumers (head_dim 64), dq_tma: dQ "
         "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64; "
-        "with dq_rows and dq_tma the ping-pong consumer)");
+        "with dq_rows or dq_cols and dq_tma the ping-pong consumer)");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

@@ -40,7 +40,7 @@
 // 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. Each
 // step's lse and delta go through shared memory (one per thread of each consumer, loaded under the products): read
 // from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
-// OVERLAP with kDqRows and DQ_TMA (VIT_CUDA_BWD_SM90=pingpong, opt-in): the ping-pong consumer, bwd_sm90_consume_pp
+// OVERLAP with kDqRows or kDqCols and DQ_TMA (VIT_CUDA_BWD_SM90=pingpong, opt-in): the ping-pong consumer, bwd_sm90_consume_pp
 // below (the two consumers issue their products in turn; dQ one step late; dSᵀ double-buffered).
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel (which zeroes dq_accum), dq from dq_accum by its dq kernel.
 #pragma once
@@ -83,7 +83,8 @@ template <int D, int DQ> using BwdSm90TraitsOf = BwdSm90Traits<D, DQ == kDqRows 
 
 template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
-  static_assert(!PP || (D == 64 && DQ == kDqRows && DQ_TMA), "the ping-pong consumer: head_dim 64, rows-tma");
+  static_assert(!PP || (DQ_TMA && (D == 64 ? DQ == kDqRows : DQ == kDqCols)),
+                "the ping-pong consumer: rows-tma at head_dim 64, columns-tma at 128");
   static constexpr int kDsBuffers = PP ? 2 : 1;  // dSᵀ, double-buffered for the ping-pong consumer
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
@@ -432,18 +433,19 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     if (warpgroup_leader()) bulk_wait_read<0>();
 }
 
-// The ping-pong consumer (kDqRows with TMA dQ, head_dim 64; VIT_CUDA_BWD_SM90=pingpong): the row split's arithmetic
-// in the row split's order, scheduled as FlashAttention-3 schedules its forward (§3.1). The sequential consumers run
-// each phase together (both issue Sᵀ and dPᵀ, both take their exponentials, both issue dV, dK, both wait at the
-// dSᵀ barrier, both issue dQ), so the tensor cores idle while both compute the softmax. Here a step has two batches
-// of products, [Sᵀ_i, dPᵀ_i] and [dV_i, dK_i, dQ_{i-1}], and two named barriers (TURN) make the consumers issue
-// their batches in turn: 0's first, 1's first, 0's second, 1's second, ... so one consumer's exponentials and dQ
-// staging run while the other's products do. dQ of step i is issued one step late, in step i + 1's second batch, so
-// no consumer waits for the other's half of dSᵀ within a step: dSᵀ is double-buffered in shared memory, READY(i,
-// writer) says that writer's half of step i's dSᵀ is stored, FREE(i, reader) that reader's dQ of step i has read it
-// (the writer's step i + 2 may overwrite it). Each named barrier pairs 128 arriving with 128 syncing threads, and
-// every id is used once per two steps, so no consumer arrives twice before the other syncs (argued at each wait).
-template <int DTYPE>
+// The ping-pong consumer (VIT_CUDA_BWD_SM90=pingpong; TMA dQ with the row split at head_dim 64, the column split at
+// 128): the sequential consumer's arithmetic in its order, scheduled as FlashAttention-3 schedules its forward (§3.1).
+// The sequential consumers run each phase together (both issue Sᵀ and dPᵀ, both take their exponentials, both issue
+// dV, dK, both wait at the dSᵀ barrier, both issue dQ), so the tensor cores idle while both compute the softmax. Here
+// a step has two batches of products, [Sᵀ_i, dPᵀ_i] and [dV_i, dK_i, dQ_{i-1}], and two named barriers (TURN) make
+// the consumers issue their batches in turn: 0's first, 1's first, 0's second, 1's second, ... so one consumer's
+// exponentials and dQ staging run while the other's products do. dQ of step i is issued one step late, in step
+// i + 1's second batch, so no consumer waits for the other's half of dSᵀ within a step: dSᵀ is double-buffered in
+// shared memory, READY(i, writer) says that writer's half of step i's dSᵀ is stored, FREE(i, reader) that reader's dQ
+// of step i has read it (the writer's step i + 2 may overwrite it). Each named barrier pairs 128 arriving with 128
+// syncing threads, and every id is used once per two steps, so no consumer arrives twice before the other syncs
+// (argued at each wait).
+template <int DTYPE, int D>
 __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                     const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                     const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
@@ -451,15 +453,16 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
                                                     BwdSm90Barriers<BwdSm90Traits<64>::kStages> &bar, int w, int tid,
                                                     int n0, int h, int b, int m_blocks) {
   using T = typename Elem<DTYPE>::T;
-  using Tr = BwdSm90TraitsOf<64, kDqRows>;
-  constexpr int D = 64, BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2, kBoth = 256;
+  constexpr bool ROWS = D == 64;  // the row split (128 query rows a step) at 64, the column split at 128
+  using Tr = BwdSm90TraitsOf<D, ROWS ? kDqRows : kDqCols>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2, NQ = 32, kBoth = 256;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
-  const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys
-  float *dQw = dQs + w * 64 * 2 * NO;                       // this warpgroup's dQ staging boxes
-  float *lsd_w = lsd + w * 2 * BM;                          // this warpgroup's copy of a step's lse, then delta
+  const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
+  float *dQw = dQs + w * 64 * 2 * NQ;                       // this warpgroup's dQ staging boxes
+  float *lsd_w = lsd + w * 2 * BM;                          // ROWS: this warpgroup's copy of a step's lse, then delta
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   const int turn_mine = 5 + w, turn_theirs = 6 - w;         // named barriers 5, 6 (1-4: the other consumers')
   auto ready = [](int i, int writer) { return 7 + 2 * (i & 1) + writer; };  // 7-10
@@ -469,23 +472,27 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
 #pragma unroll
   for (int i = 0; i < NO; ++i) dk[i] = dv[i] = 0.f;
 
-  auto issue_dq = [&](float (&dqw)[NO], int i) {  // dQ rows of step i, this warpgroup's 64 queries, all 128 keys
-    const T *dSb = ds_buf(i) + w * BN * 64;
+  auto issue_dq = [&](float (&dqw)[NQ], int i) {  // this warpgroup's 64 x 64 of step i's dQ, over all 128 keys
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
-      wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSb + kk * 16 * 64, BN * 128), make_desc_mn(Ks + kk * 16 * 64, BN * 128),
-                                kk > 0);
+      if constexpr (ROWS)  // dQ rows 64w.. : dSᵀ's query block w, all of K
+        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(ds_buf(i) + w * BN * 64 + kk * 16 * 64, BN * 128),
+                                  make_desc_mn(Ks + kk * 16 * 64, BN * 128), kk > 0);
+      else  // dQ columns 64w.. : all of dSᵀ, K's column block w
+        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(ds_buf(i) + kk * 16 * 64, 64 * 128),
+                                  make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
   };
-  auto add_dq = [&](const float (&dqw)[NO], int i) {  // into dq_accum by TMA reduce-add from the staging boxes
+  auto add_dq = [&](const float (&dqw)[NQ], int i) {  // into dq_accum by TMA reduce-add from the staging boxes
     if (warpgroup_leader()) bulk_wait_read<0>();  // the previous reduce-add has read the boxes
     warpgroup_sync(w);
     bwd_sm90_store_dq(dQw, dqw, warp, g, t);
     fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
     warpgroup_sync(w);
-    const int row0 = i * BM + 64 * w;
-    if (warpgroup_leader() && row0 < N) {  // a last step's second half may be empty; rows past N are dropped
+    const int row0 = i * BM + (ROWS ? 64 * w : 0), col0 = ROWS ? 0 : 64 * w;
+    if (warpgroup_leader() && row0 < N) {  // ROWS: a last step's second half may be empty; rows past N are dropped
 #pragma unroll
-      for (int c = 0; c < NO / 16; ++c) tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, 32 * c, row0, blockIdx.y, blockIdx.z);
+      for (int c = 0; c < NQ / 16; ++c)
+        tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, col0 + 32 * c, row0, blockIdx.y, blockIdx.z);
       bulk_commit();
     }
   };
@@ -498,7 +505,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     constexpr bool HAS_DQ = decltype(has_dq)::value;
     const int st = i % S, m0 = i * BM;
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
-    float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NO] = {};
+    float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
     uint32_t pa[BM / 16][4], sa[BM / 16][4];
     mbar_wait(&bar.qd_full[st], (i / S) & 1);
     named_barrier_sync(turn_mine, kBoth);
@@ -507,12 +514,13 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ over head columns 16kk..16kk+15
-      wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Kw + kk * 16), make_desc_k(Qb + kk * 16), kk > 0);
-      wgmma_ss_n128<DTYPE, 0, 0>(dp, make_desc_k(Vw + kk * 16), make_desc_k(dOb + kk * 16), kk > 0);
+      const int blk = kk / 4, col = (kk % 4) * 16;
+      wgmma_ss_bm<DTYPE, BM>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
+      wgmma_ss_bm<DTYPE, BM>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
     }
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
-    {
+    if constexpr (ROWS) {  // this step's lse and delta into shared memory under the products (as the row split does)
       const int q = m0 + tid;
       lsd_w[tid] = q < N ? lse[q] : 0.f;
       lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
@@ -520,9 +528,9 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     wgmma_wait<0>();
     fence_operands(s);
     fence_operands(dp);
-    warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's first barrier)
-    bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
-    bwd_sm90_grad(s, dp, lsd_w + BM, m0, scale, m0, N, t);
+    if constexpr (ROWS) warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
+    bwd_sm90_softmax(s, ROWS ? lsd_w : lse, ROWS ? m0 : 0, sl2, m0, key, N, t);
+    bwd_sm90_grad(s, dp, ROWS ? lsd_w + BM : delta, ROWS ? m0 : 0, scale, m0, N, t);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
@@ -549,8 +557,8 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
-      wgmma_rs_n64<DTYPE>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128), 1);
-      wgmma_rs_n64<DTYPE>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128), 1);
+      wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
+      wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
     }
     if constexpr (HAS_DQ) issue_dq(dqw, i - 1);
     wgmma_commit();
@@ -571,7 +579,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   for (int i = 1; i < m_blocks; ++i) step(i, std::true_type{});
   {  // the last step's dQ (m_blocks >= 1: N >= 1)
     const int i = m_blocks - 1;
-    float dqw[NO] = {};
+    float dqw[NQ] = {};
     named_barrier_sync(ready(i, 1 - w), kBoth);
     named_barrier_sync(turn_mine, kBoth);
     fence_operands(dqw);
@@ -613,7 +621,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90TraitsOf<D, DQ>;
-  constexpr bool PP = OVERLAP && DQ == kDqRows;  // OVERLAP with the row split: the ping-pong consumer
+  constexpr bool PP = OVERLAP && (DQ == kDqRows || DQ == kDqCols);  // OVERLAP with a split dQ: the ping-pong consumer
   using V = BwdSm90Variant<D, DQ, DQ_TMA, PP>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ BwdSm90Barriers<Tr::kStages> bar;
@@ -647,7 +655,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   } else {
     setmaxnreg_inc<V::kConsumerRegs>();
     if constexpr (PP)
-      bwd_sm90_consume_pp<DTYPE>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h, b, m_blocks());
+      bwd_sm90_consume_pp<DTYPE, D>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h, b, m_blocks());
     else
       bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0,
                                                       h, b, m_blocks());
@@ -660,7 +668,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90TraitsOf<D, DQ>;
-  constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA, OVERLAP && DQ == kDqRows>::kSmemBytes;
+  constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA, OVERLAP && (DQ == kDqRows || DQ == kDqCols)>::kSmemBytes;
   *what = "setting the sm90 backward's shared memory size";
   cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>>(smem);
   if (err != cudaSuccess) return err;
@@ -685,8 +693,12 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the column split of dQ (head_dim 128 only)";
     return cudaErrorInvalidValue;
   }
-  if (opt.overlap && D != 64) {
-    *what = "the overlapped consumer (head_dim 64 only)";
+  if (opt.overlap && D != 64 && !opt.dq_cols) {
+    *what = "the overlapped consumer (head_dim 64 only; at 128 the ping-pong one needs the column-split dQ)";
+    return cudaErrorInvalidValue;
+  }
+  if (opt.dq_cols && opt.overlap && !opt.dq_tma) {
+    *what = "the ping-pong consumer (the column-split dQ with overlap) adds dQ by TMA only";
     return cudaErrorInvalidValue;
   }
   if (opt.dq_sum && D != 64) {  // (with the column split: rejected above, at head_dim 64)
@@ -722,10 +734,12 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
   // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum, kDqRows and OVERLAP at 64
   auto pick = [&](auto dq) {
     constexpr int M = decltype(dq)::value;
-    constexpr bool OV = D == 64;  // OVERLAP kernels: head_dim 64; with kDqRows the ping-pong consumer, TMA dQ only
+    // OVERLAP kernels: at head_dim 64 the overlapped consumer, or with the row split the ping-pong one; at 128 the
+    // ping-pong consumer with the column split. The ping-pong consumer adds dQ by TMA only (checked above).
+    constexpr bool PP = M == kDqRows || M == kDqCols, OV = D == 64 || M == kDqCols;
     if (opt.overlap)
       return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, OV>(tm, p, stream, what)
-                        : launch_bwd_sm90<DTYPE, D, M, false, OV && M != kDqRows>(tm, p, stream, what);
+                        : launch_bwd_sm90<DTYPE, D, M, false, OV && !PP>(tm, p, stream, what);
     return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, false>(tm, p, stream, what)
                       : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
   };
