@@ -95,8 +95,11 @@ def bench_attention(skip=()):
         backends["cuda-sm90-dqsum-tma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma", bwd_sm90="overlap")
         backends["cuda-sm90-dqrows"] = cuda_with("sm90", "sm90", bwd_dq="rows")
         backends["cuda-sm90-dqrows-tma"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma")
-        backends["cuda-sm90-dqrows-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma", bwd_sm90="pingpong")
-        backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", bwd_sm90="pingpong")
+        # the forward as cuda-auto's (pingpong at head_dim 128), so that the two rows differ in the backward alone
+        backends["cuda-sm90-dqrows-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma", fwd_sm90="auto",
+                                                              bwd_sm90="pingpong")
+        backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", fwd_sm90="auto",
+                                                              bwd_sm90="pingpong")
     return bench_shapes(backends, skip)
 
 
