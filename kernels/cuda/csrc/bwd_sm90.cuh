@@ -216,6 +216,27 @@ template <int NQ> __device__ __forceinline__ void bwd_sm90_add_dq(const float *d
     }
 }
 
+// A consumer's dK and dV (its 64 keys x D, the float32 accumulator fragments: element 4j + 2r + u at key `key` + 8r,
+// column 8j + 2t + u) into the strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient.
+template <int DTYPE, int NO>
+__device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const float (&dk)[NO], const float (&dv)[NO],
+                                                    int key, int t, int h, int b) {
+  using T = typename Elem<DTYPE>::T;
+  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
+  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int n = key + 8 * r;
+    if (n >= p.N) continue;
+#pragma unroll
+    for (int j = 0; j < NO / 4; ++j) {
+      const int c = 8 * j + 2 * t;
+      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+    }
+  }
+}
+
 // The thread of a warpgroup that issues its bulk copies, read from threadIdx each time (a register kept for it
 // through the loop spilled at head_dim 128).
 __device__ __forceinline__ bool warpgroup_leader() { return (threadIdx.x & 127) == 0; }
@@ -415,20 +436,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     }
   }
 
-  // strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient
-  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
-  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int n = key + 8 * r;
-    if (n >= N) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int c = 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-      *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-    }
-  }
+  bwd_sm90_store_dkdv<DTYPE>(p, dk, dv, key, t, h, b);
   if constexpr (DQ_TMA)  // the last reduce-adds have read the staging boxes before the CTA's shared memory goes
     if (warpgroup_leader()) bulk_wait_read<0>();
 }
@@ -596,19 +604,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     named_barrier_sync(freed(j, 1 - w), kBoth);
   if (w == 0) named_barrier_sync(turn_mine, kBoth);  // consumer 1's last arrival
 
-  T *dk_out = static_cast<T *>(p.dk) + b * p.dk_st.batch + h * p.dk_st.head;
-  T *dv_out = static_cast<T *>(p.dv) + b * p.dv_st.batch + h * p.dv_st.head;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int n = key + 8 * r;
-    if (n >= N) continue;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const int c = 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-      *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-    }
-  }
+  bwd_sm90_store_dkdv<DTYPE>(p, dk, dv, key, t, h, b);
   if (warpgroup_leader()) bulk_wait_read<0>();  // the last reduce-adds have read the staging boxes
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
