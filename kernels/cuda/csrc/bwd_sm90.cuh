@@ -247,6 +247,22 @@ __device__ __forceinline__ void warpgroup_sync(int w) {
   else named_barrier_sync<2, 128>();
 }
 
+// dQ_w into dq_accum by TMA reduce-add: the fragments into this warpgroup's staging boxes, then one thread adds each
+// 32-column box at rows row0.. (those past N are dropped by TMA), columns col0 + 32c, where `any` (rows below N).
+template <int NQ>
+__device__ __forceinline__ void bwd_sm90_reduce_dq(const CUtensorMap *tm_dq, float *dQw, const float (&dqw)[NQ], int w,
+                                                   int row0, int col0, bool any, int warp, int g, int t) {
+  bwd_sm90_store_dq(dQw, dqw, warp, g, t);
+  fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
+  warpgroup_sync(w);
+  if (warpgroup_leader() && any) {
+#pragma unroll
+    for (int c = 0; c < NQ / 16; ++c)
+      tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, col0 + 32 * c, row0, blockIdx.y, blockIdx.z);
+    bulk_commit();
+  }
+}
+
 template <int DTYPE, int D> __device__ __forceinline__ void wgmma_rs_d(float (&acc)[D / 2], const uint32_t (&a)[4], uint64_t b) {
   if constexpr (D == 64) wgmma_rs_n64<DTYPE>(acc, a, b, 1);
   else wgmma_rs_n128<DTYPE>(acc, a, b, 1);
@@ -402,16 +418,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(dqw);
 
     auto add_to_accum = [&] {  // dqw into dq_accum: by TMA reduce-add from the staging box, or atomics
-      if constexpr (DQ_TMA) {
-        bwd_sm90_store_dq(dQw, dqw, warp, g, t);
-        fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
-        warpgroup_sync(w);
-        if (warpgroup_leader() && (!DQ_ROWS || m0 + dq_row0 < N)) {  // DQ_ROWS: a last step's second half may be empty
-#pragma unroll
-          for (int c = 0; c < NQ / 16; ++c)  // rows m0 + dq_row0.. (those past N are dropped), columns of this box
-            tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, dq_col0 + 32 * c, m0 + dq_row0, blockIdx.y, blockIdx.z);
-          bulk_commit();
-        }
+      if constexpr (DQ_TMA) {  // DQ_ROWS: a last step's second half may be empty
+        bwd_sm90_reduce_dq(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, !DQ_ROWS || m0 + dq_row0 < N, warp, g, t);
       } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {  // dQ rows m0 + dq_row0 + 16·warp + g + 8r
@@ -493,16 +501,8 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   auto add_dq = [&](const float (&dqw)[NQ], int i) {  // into dq_accum by TMA reduce-add from the staging boxes
     if (warpgroup_leader()) bulk_wait_read<0>();  // the previous reduce-add has read the boxes
     warpgroup_sync(w);
-    bwd_sm90_store_dq(dQw, dqw, warp, g, t);
-    fence_proxy_async_shared();  // the stores, before the async proxy (TMA) reads them
-    warpgroup_sync(w);
-    const int row0 = i * BM + (ROWS ? 64 * w : 0), col0 = ROWS ? 0 : 64 * w;
-    if (warpgroup_leader() && row0 < N) {  // ROWS: a last step's second half may be empty; rows past N are dropped
-#pragma unroll
-      for (int c = 0; c < NQ / 16; ++c)
-        tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, col0 + 32 * c, row0, blockIdx.y, blockIdx.z);
-      bulk_commit();
-    }
+    const int row0 = i * BM + (ROWS ? 64 * w : 0);  // ROWS: a last step's second half may be empty
+    bwd_sm90_reduce_dq(tm_dq, dQw, dqw, w, row0, ROWS ? 0 : 64 * w, row0 < N, warp, g, t);
   };
 
   mbar_wait(&bar.kv_full, 0);
