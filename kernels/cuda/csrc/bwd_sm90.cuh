@@ -276,6 +276,27 @@ template <int DTYPE, int D> __device__ __forceinline__ void wgmma_ss_tt_d(float 
   else wgmma_ss_n128<DTYPE, 1, 1>(acc, a, b, scale_d);
 }
 
+// acc (BM/2 floats: a 64 x BM tile) += A_w Bᵀ over head columns 16kk..16kk+15: A_w this warpgroup's 64 keys of K or V
+// (column blocks of BN rows), B a Q or dO stage (column blocks of BM rows), both K-major in shared memory.
+template <int DTYPE, int BN, int BM, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_kt(float (&acc)[BM / 2], const T *Aw, const T *B, int kk) {
+  const int blk = kk / 4, col = (kk % 4) * 16;
+  wgmma_ss_bm<DTYPE, BM>(acc, make_desc_k(Aw + blk * BN * 64 + col), make_desc_k(B + blk * BM * 64 + col), kk > 0);
+}
+
+// Pᵀ and dSᵀ (float32 accumulator fragments) packed two to a register as the A fragments of the dV and dK products.
+template <int DTYPE, int NS>
+__device__ __forceinline__ void bwd_sm90_pack(const float (&s)[NS], const float (&dp)[NS], uint32_t (&pa)[NS / 8][4],
+                                              uint32_t (&sa)[NS / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < NS / 8; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+      sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
+    }
+}
+
 // The barrier around dSᵀ in shared memory: this warpgroup's (it reads only its own dSᵀ), or both
 // consumers' (kDqCols: each reads all of dSᵀ; kDqSum: the second also orders the dQ staging box between them; its
 // first could be this warpgroup's, but then the TMA + overlap kernel spilled 16 bytes, ptxas 13.0).
@@ -326,14 +347,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
-    auto issue_s = [&](int kk) {  // Sᵀ += K_w Qᵀ over head columns 16kk..16kk+15
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_bm<DTYPE, BM>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
-    };
-    auto issue_dp = [&](int kk) {  // dPᵀ += V_w dOᵀ, the same columns
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_bm<DTYPE, BM>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
-    };
+    auto issue_s = [&](int kk) { bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk); };    // Sᵀ += K_w Qᵀ
+    auto issue_dp = [&](int kk) { bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk); };  // dPᵀ += V_w dOᵀ
     if constexpr (OVERLAP) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) issue_s(kk);
@@ -363,13 +378,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       bwd_sm90_softmax(s, DQ_ROWS ? lsd_w : lse, DQ_ROWS ? m0 : 0, sl2, m0, key, N, t);
     }
     bwd_sm90_grad(s, dp, DQ_ROWS ? lsd_w + BM : delta, DQ_ROWS ? m0 : 0, scale, m0, N, t);
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-        sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-      }
+    bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     ds_sync<DQ>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
     fence_proxy_async_shared();
@@ -521,10 +530,9 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ over head columns 16kk..16kk+15
-      const int blk = kk / 4, col = (kk % 4) * 16;
-      wgmma_ss_bm<DTYPE, BM>(s, make_desc_k(Kw + blk * BN * 64 + col), make_desc_k(Qb + blk * BM * 64 + col), kk > 0);
-      wgmma_ss_bm<DTYPE, BM>(dp, make_desc_k(Vw + blk * BN * 64 + col), make_desc_k(dOb + blk * BM * 64 + col), kk > 0);
+    for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ
+      bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);
+      bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);
     }
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
@@ -539,13 +547,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     if constexpr (ROWS) warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
     bwd_sm90_softmax(s, ROWS ? lsd_w : lse, ROWS ? m0 : 0, sl2, m0, key, N, t);
     bwd_sm90_grad(s, dp, ROWS ? lsd_w + BM : delta, ROWS ? m0 : 0, scale, m0, N, t);
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pa[kk][e] = Elem<DTYPE>::pack(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-        sa[kk][e] = Elem<DTYPE>::pack(dp[8 * kk + 2 * e], dp[8 * kk + 2 * e + 1]);
-      }
+    bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
     // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id
     // (step i + 1) follows this sync.
