@@ -141,19 +141,22 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     running) and the wait for dPᵀ. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
     dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
     dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
-    keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once)."""
+    keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once). The deterministic
+    kernels (dq slices: rows-tma at 64, columns-tma at 128) as their one-tile twins, plus the wait for their reduce-adds'
+    writes at each tile's end (cp.async.bulk.wait_group without .read: ptxas invalidates L1 after it, CCTL.IVALL)."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (5 if d == 128 else 11), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows; pp
+        assert len(kernels) == (6 if d == 128 else 12), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows; pp; slices
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
-            mode, tma, overlap = re.search(r"ELi(\d)ELb(\d)ELb(\d)EE", kernel).groups()
+            mode, tma, overlap, splits = re.search(r"ELi(\d)ELb(\d)ELb(\d)ELb(\d)EE", kernel).groups()
             cols, summed, rows, tma, overlap = mode == "1", mode == "2", mode == "3", tma == "1", overlap == "1"
+            assert ("CCTL.IVALL" in sass) == (splits == "1"), f"{kernel}: the slices' full wait for their reduce-adds"
             pp = (rows or cols) and overlap  # the ping-pong consumer: its first step and last dQ peeled, twice the code
             copies = 2 if pp else 1
             if summed:
@@ -447,6 +450,14 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     monkeypatch.setattr(ops, "BWD_DQ", "auto")
     assert ops.sm90_bwd_options(q64) == (False, False, True, True, True)
     assert ops.sm90_bwd_options(q128) == (True, False, False, True, True)
+    with pytest.raises(ValueError, match="deterministic Hopper backward.*VIT_CUDA_BWD_SM90=pingpong: unset both"):
+        ops.sm90_bwd_options(q64, deterministic=True)  # the slices have the sequential consumer only
+    monkeypatch.setattr(ops, "BWD_SM90", "auto")
+    assert ops.sm90_bwd_options(q64, deterministic=True) == (False, False, True, True, False)
+    assert ops.sm90_bwd_options(q128, deterministic=True) == (True, False, False, True, False)
+    monkeypatch.setattr(ops, "BWD_DQ", "tma")
+    with pytest.raises(ValueError, match="has one kernel per head_dim: VIT_CUDA_BWD_DQ=rows-tma.*got VIT_CUDA_BWD_DQ=tma"):
+        ops.sm90_bwd_options(q64, deterministic=True)
     monkeypatch.setattr(ops, "BWD_SM90", "sequential")
     monkeypatch.setattr(ops, "BWD_DQ", "split")
     with pytest.raises(ValueError, match="VIT_CUDA_BWD_DQ must be one of"):
@@ -498,14 +509,19 @@ import torch
 from kernels.cuda import attention, ops
 ops.FWD_PATH = ops.BWD_PATH = "sm90"
 ops.BWD_DQ, ops.FWD_SM90, ops.BWD_SM90 = sys.argv[1], sys.argv[2], sys.argv[3]
+deterministic = sys.argv[4] == "deterministic"
+if deterministic:  # dq slices counted for one SM: one CTA per (batch, head) walks every key tile
+    ops._sm_count = lambda index: 1
 shapes = ((1, 64), (300, 64), (300, 128)) if ops.BWD_DQ in ("atomic", "tma") else ((1, 128), (300, 128))
 if ops.BWD_DQ.startswith(("sum", "rows")):
     shapes = ((1, 64), (300, 64))
+if ops.BWD_DQ == "auto":
+    shapes = ((1, 64), (300, 64), (1, 128), (300, 128))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    attention(q, k, v).sum().backward()
+    attention(q, k, v, deterministic=deterministic).sum().backward()
 torch.cuda.synchronize()
 print("finished")
 """
@@ -518,12 +534,12 @@ print("finished")
     ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
     ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
     ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
-    ("columns-tma", "sequential", "pingpong")])
+    ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
-    products in turn, ten named barriers between them, and columns-tma with it at head_dim 128) run to the end in a
-    child process, so
+    products in turn, ten named barriers between them, and columns-tma with it at head_dim 128; deterministic: the dq
+    slices, one CTA walking every key tile, K and V reloaded through kv_empty) run to the end in a child process, so
     that a pipeline deadlock (an mbarrier or named barrier never completing) fails here in 60 s instead of hanging
     the session."""
     if not is_hopper():
@@ -531,8 +547,9 @@ def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     build.extension()  # build (or load) here, outside the child's time limit
     root = Path(__file__).resolve().parent.parent
     try:
-        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, dq, schedule, bwd_schedule], cwd=root, capture_output=True,
-                              text=True, timeout=60, check=False)
+        schedules = ["auto", "deterministic"] if bwd_schedule == "deterministic" else [bwd_schedule, "-"]
+        proc = subprocess.run([sys.executable, "-c", _SM90_SMOKE, dq, schedule, *schedules], cwd=root,
+                              capture_output=True, text=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("the sm90 kernels did not finish within 60 s (deadlock in a TMA/mbarrier pipeline?)")
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr[-3000:]
@@ -618,9 +635,9 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
 
 
-def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False) -> tuple:
+def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False, dq_splits=0) -> tuple:
     """The extension's bwd_sm90 kernel flags, in its argument order."""
-    return dq_cols, dq_sum, dq_rows, dq_tma, overlap
+    return dq_cols, dq_sum, dq_rows, dq_tma, overlap, dq_splits
 
 
 def _sm90_backward_twice(N, first: dict, second: dict, head_dim: int = 64):
@@ -690,6 +707,22 @@ def test_sm90_pingpong_backward_equals_sequential_bitwise(N, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("N, splits", [(1, 1), (129, 1), (300, 2), (577, 3), (1025, 2), (1025, 9)])
+def test_sm90_deterministic_slices(N, splits, head_dim):
+    """The deterministic Hopper backward (dq_splits slices; CTA j walks key tiles j, j + splits, ...): dk and dv
+    bitwise those of the one-tile-per-CTA kernel (the same consumer arithmetic per tile), dq within about one bf16
+    step of its largest entry, and dq bitwise the same over four runs. Splits 1 at N = 129: one CTA walks both
+    tiles; 9 at 1025: one tile each."""
+    split = {"dq_rows": True, "dq_tma": True} if head_dim == 64 else {"dq_cols": True, "dq_tma": True}
+    one_tile, sliced = _sm90_backward_twice(N, split, {**split, "dq_splits": splits}, head_dim)
+    assert torch.equal(one_tile[1], sliced[1]) and torch.equal(one_tile[2], sliced[2])
+    assert max_err(one_tile[0], sliced[0]) <= 1e-2 * one_tile[0].abs().max().item()
+    again = _sm90_backward_twice(N, {**split, "dq_splits": splits}, {**split, "dq_splits": splits}, head_dim)
+    assert torch.equal(again[0][0], again[1][0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dq", ["atomic", "tma", "sum-tma", "rows-tma"])
 @pytest.mark.parametrize("B, H, N", [(1, 1, 300), (3, 1, 129), (1, 5, 128), (2, 2, 50)])
 def test_sm90_size_one_batch_or_heads(B, H, N, dq, monkeypatch):
@@ -736,10 +769,12 @@ def test_sm90_each_stage_against_float64(head_dim):
         kernels["sm90-dqrows"] = (ext.fwd_sm90, sm90_bwd(dq_rows=True))
         kernels["sm90-dqrows-tma"] = (ext.fwd_sm90, sm90_bwd(dq_rows=True, dq_tma=True))
         kernels["sm90-dqrows-tma-pp"] = (ext.fwd_sm90, sm90_bwd(dq_rows=True, dq_tma=True, overlap=True))
+        kernels["sm90-dqrows-tma-det"] = (ext.fwd_sm90, sm90_bwd(dq_rows=True, dq_tma=True, dq_splits=2))
     if head_dim == 128:
         kernels["sm90-dqcols"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True))
         kernels["sm90-dqcols-tma"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True, dq_tma=True))
         kernels["sm90-dqcols-tma-pp"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True, dq_tma=True, overlap=True))
+        kernels["sm90-dqcols-tma-det"] = (ext.fwd_sm90, sm90_bwd(dq_cols=True, dq_tma=True, dq_splits=2))
     for path, (fwd, bwd) in kernels.items():
         out, lse = fwd(q, k, v, scale)
         grads = bwd(do.to(q.dtype), q, k, v, out, lse, scale)
@@ -837,14 +872,15 @@ def _grads(q, k, v, do, **options):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, H, N, head_dim", [(1, 2, 4096, 64), (2, 3, 1025, 128), (64, 12, 197, 64),
-                                                (1, 1, 17, 32), (4, 2, 577, 80)])
+                                                (16, 12, 1025, 128), (1, 1, 17, 32), (4, 2, 577, 80)])
 def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim, monkeypatch):
     """attention.deterministic=true: dq (and dk, dv) bitwise equal over five runs, at shapes with one dq slice per
-    (batch, head) (B·H ≥ SMs) and with many (long N, B·H = 2), within the float64 rule; and on Hopper at head_dim
-    64 and 128, N ≥ 128, where auto would run the Hopper backward, the mma.sync one runs instead."""
+    (batch, head) (B·H ≥ SMs: CTAs walk several key tiles) and with many (long N, B·H = 2), within the float64 rule;
+    the backward auto picks runs it: on Hopper at head_dim 64 and 128 (80 padded), N ≥ 128, the Hopper one."""
     q, k, v = make_qkv(B, H, N, head_dim, dtype=torch.bfloat16, device="cuda")
     do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    splits = ops.dq_splits(q.new_empty(B, H, N, cuda._padded_head_dim(head_dim)), ops.BWD_WARPS)  # as the op sees q
+    as_seen = q.new_empty(B, H, N, cuda._padded_head_dim(head_dim))  # q as the op sees it
+    splits = ops.backward_splits(as_seen, True)
     first = _grads(q, k, v, do, deterministic=True)
     for _ in range(4):
         assert all(torch.equal(a, b) for a, b in zip(first, _grads(q, k, v, do, deterministic=True))), splits
@@ -859,7 +895,7 @@ def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head
 
     monkeypatch.setattr(ops, "extension", Recorder)
     _grads(q, k, v, do, deterministic=True)
-    assert "bwd" in calls and not any(c.startswith("bwd_sm90") for c in calls), calls
+    assert ("bwd_sm90" if ops.bwd_path(as_seen) == "sm90" else "bwd") in calls, calls
 
 
 @pytest.mark.gpu
@@ -988,6 +1024,24 @@ def test_dq_splits_fill_whole_waves_and_stay_within_the_key_tiles(monkeypatch):
     assert ops.dq_splits(big, 8) == 2
     fa2 = -(-132 // 24)  # 6 at (2, 12, 16384, 64): 144 CTAs, 12 of them in a second wave
     assert -(-24 * fa2 // 132) * -(-128 // fa2) > 1.5 * 24 * 128 / 132
+
+
+def test_backward_splits_follow_the_backward_that_runs(monkeypatch):
+    """deterministic=False: 0 (any order). Otherwise the slices of the backward bwd_path picks: the Hopper one's
+    128-key tiles with one CTA per SM (132 SMs: (2, 12, 16384) 5 slices, one wave of 26 tiles a CTA, within 10 % of
+    the best, 2 waves of 12; (8, 16, 4096) 1, one wave of 128 CTAs walking 32 tiles each, as many steps as 32 waves
+    of one tile), the mma.sync one's dq_splits (two CTAs per SM here: 10 at (2, 12, 16384))."""
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(ops, "_split_ctas_per_sm", lambda index, dtype, d, warps: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    q = torch.empty(2, 12, 16384, 64, device="meta")
+    monkeypatch.setattr(ops, "bwd_path", lambda q: "sm90")
+    assert ops.backward_splits(q, False) == 0
+    assert ops.backward_splits(q, True) == ops.sm90_dq_splits(q) == 5
+    assert ops.sm90_dq_splits(torch.empty(8, 16, 4096, 128, device="meta")) == 1
+    assert ops.sm90_dq_splits(torch.empty(1, 1, 1 << 20, 128, device="meta")) == 2  # 512 MiB a slice: 2 fit
+    monkeypatch.setattr(ops, "bwd_path", lambda q: "sm80")
+    assert ops.backward_splits(q, True) == ops.dq_splits(q, ops.BWD_WARPS) == 10
 
 
 @pytest.mark.gpu

@@ -32,7 +32,7 @@ class EagerAttention(torch.autograd.Function):
     @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
     def backward(ctx, dout: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        splits = ops.dq_splits(q, ops.BWD_WARPS) if ctx.deterministic else 0
+        splits = ops.backward_splits(q, ctx.deterministic)
         dq, dk, dv = ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS,
                                    splits, None)
         return dq, dk, dv, None, None
@@ -55,7 +55,7 @@ class EagerAttentionQKVPacked(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dout: Tensor):
         qkv, q, k, v, out, lse = ctx.saved_tensors
-        splits = ops.dq_splits(q, ops.BWD_WARPS) if ctx.deterministic else 0
+        splits = ops.backward_splits(q, ctx.deterministic)
         dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)  # (B, N, 3, H, d)
         ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS, splits, dqkv)
         return dqkv, None, None, None

@@ -4,7 +4,7 @@
 forward, as :func:`fwd_path` picks at run time) and
 ``vit_cuda::attn_bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits) -> (dq, dk, dv)`` (the
 Hopper or the mma.sync backward, as :func:`bwd_path` picks; bwd_warps is the mma.sync tile; dq_splits > 0, from
-``deterministic``, the mma.sync backward's deterministic mode, :func:`dq_splits`): raw launchers over
+``deterministic``, the deterministic mode of either, :func:`backward_splits`): raw launchers over
 ``csrc/api.cpp``. Their packed twins ``vit_cuda::attn_fwd_qkvpacked(qkv, softmax_scale, deterministic)`` and
 ``vit_cuda::attn_bwd_qkvpacked(dout, qkv, out, lse, softmax_scale, bwd_warps, dq_splits) -> dqkv`` take the ViT's
 ``(B, N, 3, H, d)`` qkv, and the backward writes dq, dk, dv into one gradient of that shape (no stack of three). The fake kernels give ``torch.compile`` the output shapes (all outputs
@@ -162,6 +162,24 @@ def dq_splits(q: Tensor, bwd_warps: int) -> int:
     return splits_for(B * H, tiles, per_wave, max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
 
 
+def sm90_dq_splits(q: Tensor) -> int:
+    """The Hopper backward's dq slices for ``q`` (B, H, N, d), d 64 or 128, on its GPU: as :func:`dq_splits`, with
+    its 128-key tiles and one CTA per SM (its shared memory, over half an SM's, makes it so: a static_assert in
+    csrc/bwd_sm90.cuh)."""
+    B, H, N, d = q.shape
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return splits_for(B * H, -(-N // 128), _sm_count(index), max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
+
+
+def backward_splits(q: Tensor, deterministic: bool) -> int:
+    """The ``dq_splits`` argument of the backward ops for ``q`` as the kernels get it: 0 (dQ by atomics or TMA
+    reduce-adds in any order) unless ``deterministic``, then the slices of the backward :func:`bwd_path` picks
+    (:func:`sm90_dq_splits` or :func:`dq_splits`)."""
+    if not deterministic:
+        return 0
+    return sm90_dq_splits(q) if bwd_path(q) == "sm90" else dq_splits(q, BWD_WARPS)
+
+
 def splits_for(heads: int, tiles: int, per_wave: int, most: int) -> int:
     """:func:`dq_splits`'s choice for ``heads`` = B·H (batch, head) pairs of ``tiles`` key tiles each, on a GPU
     running ``per_wave`` CTAs at once, from 1 to ``most`` slices (and at most one per key tile)."""
@@ -212,27 +230,36 @@ def attn_bwd(
 
 def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv):
     """The backward under the path rules; ``dqkv``: None, or a packed gradient to write dq, dk, dv into."""
-    if dq_splits == 0 and bwd_path(q) == "sm90":  # the Hopper backward has no deterministic mode
-        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *sm90_bwd_options(q))
+    if bwd_path(q) == "sm90":
+        options = sm90_bwd_options(q, deterministic=dq_splits > 0)
+        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *options, dq_splits)
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
-def sm90_bwd_options(q: Tensor) -> tuple[bool, bool, bool, bool, bool]:
+def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool, bool, bool, bool]:
     """``(dq_cols, dq_sum, dq_rows, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ``
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
     "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, rows-tma at 64) and ``BWD_SM90`` (env
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
     columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "auto": sequential).
+    ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them.
 
     Raises:
-        ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, or a mode at a head_dim it has no kernel for.
+        ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, a mode at a head_dim it has no kernel for, or
+            with ``deterministic`` a dQ mode or consumer other than auto's.
     """
     if BWD_DQ not in BWD_DQ_MODES:
         raise ValueError(f"VIT_CUDA_BWD_DQ must be one of {BWD_DQ_MODES}, got {BWD_DQ!r}")
     if BWD_SM90 not in BWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_BWD_SM90 must be one of {BWD_SM90_MODES}, got {BWD_SM90!r}")
     head_dim = q.shape[-1]
-    mode = ("columns-tma" if head_dim == 128 else "rows-tma") if BWD_DQ == "auto" else BWD_DQ
+    auto_mode = "columns-tma" if head_dim == 128 else "rows-tma"
+    mode = auto_mode if BWD_DQ == "auto" else BWD_DQ
+    if deterministic and (mode != auto_mode or BWD_SM90 not in ("auto", "sequential")):
+        raise ValueError(f"the deterministic Hopper backward (attention.deterministic=true) has one kernel per "
+                         f"head_dim: VIT_CUDA_BWD_DQ={auto_mode} with the sequential consumer; got "
+                         f"VIT_CUDA_BWD_DQ={BWD_DQ}, VIT_CUDA_BWD_SM90={BWD_SM90}: unset both, or set "
+                         f"VIT_CUDA_BWD=sm80 for the mma.sync deterministic backward")
     cols, summed, rows = mode.startswith("columns"), mode.startswith("sum"), mode.startswith("rows")
     if cols and head_dim != 128:
         raise ValueError(f"VIT_CUDA_BWD_DQ={mode} has a kernel for head_dim 128 (80, 96 padded), got {head_dim}; use "
@@ -263,7 +290,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    splits = dq_splits(q, BWD_WARPS) if ctx.deterministic else 0
+    splits = backward_splits(q, ctx.deterministic)
     dq, dk, dv = attn_bwd(dout, q, k, v, out, lse, ctx.softmax_scale, BWD_WARPS, splits)
     return dq, dk, dv, None, None
 
@@ -309,7 +336,7 @@ def _setup_context_packed(ctx, inputs, output):
 
 def _backward_packed(ctx, dout, dlse):
     qkv, out, lse = ctx.saved_tensors
-    splits = dq_splits(split_qkv(qkv)[0], BWD_WARPS) if ctx.deterministic else 0
+    splits = backward_splits(split_qkv(qkv)[0], ctx.deterministic)
     return attn_bwd_qkvpacked(dout, qkv, out, lse, ctx.softmax_scale, BWD_WARPS, splits), None, None
 
 

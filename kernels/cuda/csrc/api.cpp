@@ -152,7 +152,7 @@ std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at
 }
 
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
-// sm90_opt which of its kernels (params.h); dq_splits > 0 (bwd.cuh) its deterministic mode;
+// sm90_opt which of its kernels (params.h); dq_splits > 0 (bwd.cuh, bwd_sm90.cuh) the deterministic mode;
 // dqkv: write into a packed gradient (grad_outputs).
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
@@ -186,6 +186,10 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
                       "the row-split dQ is its own dQ mode: not with dq_cols or dq_sum");
     TORCH_CHECK_VALUE(!(sm90_opt.dq_rows && sm90_opt.overlap) || sm90_opt.dq_tma,
                       "the ping-pong consumer (dq_rows with overlap) adds dQ by TMA: needs dq_tma");
+    TORCH_CHECK_VALUE(dq_splits == 0 || ((q.size(3) == 64 ? sm90_opt.dq_rows : sm90_opt.dq_cols) &&
+                                         sm90_opt.dq_tma && !sm90_opt.overlap),
+                      "the deterministic sm90 backward (dq_splits > 0) needs dq_rows at head_dim 64, dq_cols at 128, "
+                      "with dq_tma and without overlap");
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v), dout = tma_ready(dout);
   }
   q = aligned(q), k = aligned(k), v = aligned(v), out = aligned(out), dout = aligned(dout);
@@ -230,10 +234,10 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv, bool dq_cols,
-                                 bool dq_sum, bool dq_rows, bool dq_tma, bool overlap) {
+                                 bool dq_sum, bool dq_rows, bool dq_tma, bool overlap, int64_t dq_splits) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_sum, dq_rows, dq_tma, overlap}, 0,
-                  dqkv);
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_sum, dq_rows, dq_tma, overlap},
+                  dq_splits, dqkv);
 }
 
 // CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
@@ -284,10 +288,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd_split_ctas_per_sm", &bwd_split_ctas_per_sm, "CTAs of the deterministic mma.sync backward (dq_splits > 0) "
         "that one SM holds at once: (bf16, head_dim, bwd_warps, device) -> int");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
-        "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap) -> [dq, dk, dv]; dq_cols: dQ split by columns across "
+        "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap, dq_splits) -> [dq, dk, dv]; dq_cols: dQ split by columns across "
         "the consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim "
         "64), dq_rows: 128 query rows a step, dQ split by rows across the consumers (head_dim 64), dq_tma: dQ "
         "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64; "
-        "with dq_rows or dq_cols and dq_tma the ping-pong consumer)");
+        "with dq_rows or dq_cols and dq_tma the ping-pong consumer), dq_splits > 0: deterministic (CTA j of a "
+        "(batch, head) walks key tiles j, j + dq_splits, ... into dq slice j; dq_rows at head_dim 64, dq_cols at "
+        "128, with dq_tma, sequential)");
   m.def("vector_add", &vector_add, "c = a + b, float32");
 }

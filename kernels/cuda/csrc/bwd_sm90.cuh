@@ -99,30 +99,33 @@ template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
 };
 
 template <int STAGES> struct BwdSm90Barriers {
-  uint64_t kv_full, qd_full[STAGES], qd_empty[STAGES];
+  uint64_t kv_full, kv_empty, qd_full[STAGES], qd_empty[STAGES];  // kv_empty: SPLITS only (the next key tile's K, V)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One key tile's loads: K, V once, then Q and dO stage by stage. `tile`: the key tiles this CTA has done before
+// (SPLITS walks several; the others one, tile 0), whose m_blocks steps each the Q/dO ring counts on from.
 template <typename Tr, typename T>
 __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, const CUtensorMap *tm_do, T *Ks, T *Vs,
                                                  T *Qs, T *dOs, BwdSm90Barriers<Tr::kStages> &bar, int n0, int h,
-                                                 int b, int m_blocks) {
+                                                 int b, int m_blocks, int tile = 0) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
+  if (tile > 0) mbar_wait(&bar.kv_empty, (tile - 1) & 1);  // the consumers are done with the last tile's K, V
   mbar_arrive_expect_tx(&bar.kv_full, 2 * Tr::kKVBytes);
 #pragma unroll
   for (int c = 0; c < Tr::kColBlocks; ++c) {
     tma_load_4d(Ks + c * BN * 64, tm_k, &bar.kv_full, 64 * c, n0, h, b);
     tma_load_4d(Vs + c * BN * 64, tm_v, &bar.kv_full, 64 * c, n0, h, b);
   }
-  for (int i = 0; i < m_blocks; ++i) {
-    const int s = i % S;
+  for (int i = tile * m_blocks; i < (tile + 1) * m_blocks; ++i) {  // the ring's steps; tile rows (i % m_blocks)·BM
+    const int s = i % S, m = i - tile * m_blocks;
     mbar_wait(&bar.qd_empty[s], ((i / S) & 1) ^ 1);
     mbar_arrive_expect_tx(&bar.qd_full[s], 2 * Tr::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Tr::kColBlocks; ++c) {
-      tma_load_4d(Qs + s * BM * D + c * BM * 64, tm_q, &bar.qd_full[s], 64 * c, i * BM, h, b);
-      tma_load_4d(dOs + s * BM * D + c * BM * 64, tm_do, &bar.qd_full[s], 64 * c, i * BM, h, b);
+      tma_load_4d(Qs + s * BM * D + c * BM * 64, tm_q, &bar.qd_full[s], 64 * c, m * BM, h, b);
+      tma_load_4d(dOs + s * BM * D + c * BM * 64, tm_do, &bar.qd_full[s], 64 * c, m * BM, h, b);
     }
   }
 }
@@ -249,7 +252,8 @@ __device__ __forceinline__ void warpgroup_sync(int w) {
 
 // dQ_w into dq_accum by TMA reduce-add: the fragments into this warpgroup's staging boxes, then one thread adds each
 // 32-column box at rows row0.. (those past N are dropped by TMA), columns col0 + 32c, where `any` (rows below N).
-template <int NQ>
+// SPLITS: into dq_accum slice blockIdx.x (the map's batch axis spans (slices, B)).
+template <int NQ, bool SPLITS = false>
 __device__ __forceinline__ void bwd_sm90_reduce_dq(const CUtensorMap *tm_dq, float *dQw, const float (&dqw)[NQ], int w,
                                                    int row0, int col0, bool any, int warp, int g, int t) {
   bwd_sm90_store_dq(dQw, dqw, warp, g, t);
@@ -258,7 +262,8 @@ __device__ __forceinline__ void bwd_sm90_reduce_dq(const CUtensorMap *tm_dq, flo
   if (warpgroup_leader() && any) {
 #pragma unroll
     for (int c = 0; c < NQ / 16; ++c)
-      tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, col0 + 32 * c, row0, blockIdx.y, blockIdx.z);
+      tma_reduce_add_4d(tm_dq, dQw + c * 64 * 32, col0 + 32 * c, row0, blockIdx.y,
+                        SPLITS ? blockIdx.x * gridDim.z + blockIdx.z : blockIdx.z);
     bulk_commit();
   }
 }
@@ -305,13 +310,17 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
+// One key tile (n0..n0 + 127) of the sequential consumer w; `tile` as bwd_sm90_produce's. SPLITS (the deterministic
+// mode, with DQ_TMA and a split dQ): dQ into this CTA's own dq_accum slice, and at the tile's end K, V released to the
+// producer and this warpgroup's reduce-adds waited for until they are done (not only read), so the next tile's adds
+// to the same rows come after them: each slice element sums its key tiles in one order every run.
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
                                                  float *dQs, float *lsd, const CUtensorMap *tm_dq,
                                                  BwdSm90Barriers<BwdSm90Traits<D>::kStages> &bar, int w, int tid,
-                                                 int n0, int h, int b, int m_blocks) {
+                                                 int n0, int h, int b, int m_blocks, int tile = 0) {
   using T = typename Elem<DTYPE>::T;
   using Tr = BwdSm90TraitsOf<D, DQ>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, S = Tr::kStages, NO = D / 2;
@@ -319,6 +328,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
+  static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
   constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS, DQ_ROWS at head_dim 64) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
@@ -335,15 +345,15 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 #pragma unroll
   for (int i = 0; i < NO; ++i) dk[i] = dv[i] = 0.f;
 
-  mbar_wait(&bar.kv_full, 0);
+  mbar_wait(&bar.kv_full, tile & 1);
   for (int i = 0; i < m_blocks; ++i) {
-    const int st = i % S, m0 = i * BM;
+    const int r = tile * m_blocks + i, st = r % S, m0 = i * BM;  // r: the Q/dO ring's step
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
     float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
     uint32_t pa[BM / 16][4], sa[BM / 16][4];
-    mbar_wait(&bar.qd_full[st], (i / S) & 1);
+    mbar_wait(&bar.qd_full[st], (r / S) & 1);
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
@@ -428,7 +438,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 
     auto add_to_accum = [&] {  // dqw into dq_accum: by TMA reduce-add from the staging box, or atomics
       if constexpr (DQ_TMA) {  // DQ_ROWS: a last step's second half may be empty
-        bwd_sm90_reduce_dq(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, !DQ_ROWS || m0 + dq_row0 < N, warp, g, t);
+        bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, !DQ_ROWS || m0 + dq_row0 < N, warp,
+                                       g, t);
       } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {  // dQ rows m0 + dq_row0 + 16·warp + g + 8r
@@ -453,9 +464,13 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     }
   }
 
+  if constexpr (SPLITS) mbar_arrive(&bar.kv_empty);  // the last dQ product has read K
   bwd_sm90_store_dkdv<DTYPE>(p, dk, dv, key, t, h, b);
-  if constexpr (DQ_TMA)  // the last reduce-adds have read the staging boxes before the CTA's shared memory goes
+  if constexpr (SPLITS) {
+    if (warpgroup_leader()) bulk_wait<0>();  // this tile's reduce-adds are done, before the next tile's are issued
+  } else if constexpr (DQ_TMA) {  // the last reduce-adds have read the staging boxes before the CTA's shared memory goes
     if (warpgroup_leader()) bulk_wait_read<0>();
+  }
 }
 
 // The ping-pong consumer (VIT_CUDA_BWD_SM90=pingpong; TMA dQ with the row split at head_dim 64, the column split at
@@ -611,7 +626,9 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
+// Grid (key tiles, H, B): one 128-key tile per CTA. SPLITS (p.dq_splits = s > 0, the deterministic mode): grid
+// (s, H, B), CTA j walks key tiles j, j + s, ... with dQ into dq_accum slice j (bwd_sm90_consume).
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
 __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -640,6 +657,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     tma_prefetch_descriptor(&tm_v), tma_prefetch_descriptor(&tm_do);
     if constexpr (DQ_TMA) tma_prefetch_descriptor(&tm_dq);
     mbar_init(&bar.kv_full, 1);
+    mbar_init(&bar.kv_empty, 128 * Tr::kConsumers);
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(&bar.qd_full[s], 1);
       mbar_init(&bar.qd_empty[s], 128 * Tr::kConsumers);
@@ -649,10 +667,20 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     setmaxnreg_dec<V::kProducerRegs>();
-    if (tid == 0) bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
+    if constexpr (SPLITS) {
+      if (tid == 0)
+        for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j)
+          bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n, h, b, m_blocks(), j);
+    } else if (tid == 0) {
+      bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
+    }
   } else {
     setmaxnreg_inc<V::kConsumerRegs>();
-    if constexpr (PP)
+    if constexpr (SPLITS)
+      for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j)
+        bwd_sm90_consume<DTYPE, D, DQ, true, false, true>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid,
+                                                          n, h, b, m_blocks(), j);
+    else if constexpr (PP)
       bwd_sm90_consume_pp<DTYPE, D>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h, b, m_blocks());
     else
       bwd_sm90_consume<DTYPE, D, DQ, DQ_TMA, OVERLAP>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0,
@@ -663,17 +691,19 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 #endif
 }
 
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP>
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA, OVERLAP && (DQ == kDqRows || DQ == kDqCols)>::kSmemBytes;
+  // ops.sm90_dq_splits counts one CTA per SM for the slices: true while one takes over half of the 228 KiB
+  static_assert(!SPLITS || 2 * smem > 228 * 1024, "dq slices: the SM count is the CTAs a wave holds");
   *what = "setting the sm90 backward's shared memory size";
-  cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP>>(smem);
+  cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS>>(smem);
   if (err != cudaSuccess) return err;
   *what = "the sm90 backward launch";
-  dim3 grid((p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP><<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2], tm[3],
-                                                                                       tm[4], p);
+  dim3 grid(SPLITS ? p.dq_splits : (p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS><<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2],
+                                                                                               tm[3], tm[4], p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   *what = "the backward's dq kernel";
@@ -711,6 +741,15 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the ping-pong consumer (the row-split dQ with overlap) adds dQ by TMA only";
     return cudaErrorInvalidValue;
   }
+  const bool splits = p.dq_splits > 0;  // the deterministic mode: the sequential consumer, TMA dQ split by rows (64)
+  if (splits && ((D == 64 ? !opt.dq_rows : !opt.dq_cols) || !opt.dq_tma || opt.overlap)) {  // or columns (128)
+    *what = "the deterministic sm90 backward (dq slices: rows-tma at head_dim 64, columns-tma at 128, sequential)";
+    return cudaErrorInvalidValue;
+  }
+  if (p.dq_splits < 0 || p.dq_splits > (p.N + Tr::kBlockN - 1) / Tr::kBlockN) {
+    *what = "the deterministic sm90 backward (dq_splits must be in 0..key tiles of 128)";
+    return cudaErrorInvalidValue;
+  }
   // the Q, dO boxes' rows: BwdSm90TraitsOf<64, kDqRows>::kBlockM (named only where it exists: D = 64)
   const int block_m = opt.dq_rows ? BwdSm90TraitsOf<64, kDqRows>::kBlockM : Tr::kBlockM;
   const int64_t rows = (int64_t)p.B * p.H * p.N;
@@ -728,7 +767,8 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
       !encode_tensor_map(&tm[3], p.dout, p.dout_st, p.B, p.H, p.N, D, block_m, bf16))
     return cudaErrorInvalidValue;
   *what = "cuTensorMapEncodeTiled (the float32 dQ accumulator)";
-  if (opt.dq_tma && !encode_dq_tensor_map(&tm[4], p.dq_accum, p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
+  const int slices = splits ? p.dq_splits : 1;  // dq_accum (slices, B, H, N, D): a map of slices·B batches
+  if (opt.dq_tma && !encode_dq_tensor_map(&tm[4], p.dq_accum, slices * p.B, p.H, p.N, D)) return cudaErrorInvalidValue;
   // one kernel per (dQ mode, DQ_TMA, OVERLAP): kDqCols at head_dim 128, kDqSum, kDqRows and OVERLAP at 64
   auto pick = [&](auto dq) {
     constexpr int M = decltype(dq)::value;
@@ -741,6 +781,7 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     return opt.dq_tma ? launch_bwd_sm90<DTYPE, D, M, true, false>(tm, p, stream, what)
                       : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
   };
+  if (splits) return launch_bwd_sm90<DTYPE, D, D == 64 ? kDqRows : kDqCols, true, false, true>(tm, p, stream, what);
   if constexpr (D == 128) {
     if (opt.dq_cols) return pick(std::integral_constant<int, kDqCols>{});
   } else {
