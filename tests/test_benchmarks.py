@@ -414,7 +414,7 @@ def test_cuda_resources_reads_ptxas_and_names_kernels():
     readable names from the mangled template arguments (dQ mode, TMA, overlap; warps; pingpong)."""
     from benchmarks import cuda_resources as res
 
-    report = """ptxas info    : Compiling entry function '_ZN4vitk15bwd_sm90_kernelILi1ELi64ELi3ELb1ELb0EEEv14CUtensorMap_stS1_S1_S1_S1_NS_9BwdParamsE' for 'sm_90a'
+    report = """ptxas info    : Compiling entry function '_ZN4vitk15bwd_sm90_kernelILi1ELi64ELi3ELb1ELb0ELb0EEEv14CUtensorMap_stS1_S1_S1_S1_NS_9BwdParamsE' for 'sm_90a'
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 168 registers, used 4 barriers, 48 bytes smem
 ptxas info    : Compiling entry function '_ZN4vitk10bwd_kernelILi0ELi64ELi8ELb1EEEvNS_9BwdParamsE' for 'sm_80'
@@ -429,6 +429,8 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     assert res.describe("bwd_hdim64_fp16", sm80, smem) == ("bwd fp16 d64 8 warps deterministic", 93184)
     pp = sm90.replace("Li3ELb1ELb0", "Li3ELb1ELb1")  # OVERLAP with the row split: the ping-pong consumer
     assert res.describe("bwd_sm90_hdim64_bf16", pp, smem) == ("bwd_sm90 bf16 d64 dQ rows tma pingpong", 199680)
+    det = sm90.replace("ELb0ELb0EEEv", "ELb0ELb1EEEv")  # SPLITS: the deterministic kernel (dq slices), its twin's smem
+    assert res.describe("bwd_sm90_hdim64_bf16", det, smem) == ("bwd_sm90 bf16 d64 dQ rows tma deterministic", 166912)
     cols = sm90.replace("Li64ELi3ELb1ELb0", "Li128ELi1ELb1ELb1")
     assert res.describe("bwd_sm90_hdim128_bf16", cols, {("bwd", 128, 1, 1, 1): 197632}) == (
         "bwd_sm90 bf16 d128 dQ columns tma pingpong", 197632)
