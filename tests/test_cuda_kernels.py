@@ -577,7 +577,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
-                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp"])
+                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -585,7 +585,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     backward's overlapped consumer, with atomic or TMA dQ; sm90-dqsum, sm90-dqsum-tma: the consumers' dQ
     summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
-    consumers in turn)."""
+    consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
+    every key tile of its (batch, head))."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -603,9 +604,13 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-dqcols-tma-pp": "columns-tma"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "sequential")
+    deterministic = bwd == "sm90-det"
+    if deterministic:
+        monkeypatch.setattr(ops, "BWD_DQ", "auto")
+        monkeypatch.setattr(ops, "_sm_count", lambda index: 1)
     B, H = (1, 2) if seq_len >= 1025 else (2, 3)
     q, k, v = make_qkv(B, H, seq_len, head_dim, dtype=dtype, device="cuda")
-    check_against_reference(attention, q, k, v)
+    check_against_reference(functools.partial(attention, deterministic=deterministic), q, k, v)
 
 
 @pytest.mark.gpu
