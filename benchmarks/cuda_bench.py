@@ -17,7 +17,7 @@ split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64
 by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
-mma.sync backward in its deterministic mode). ``fwd err`` is
+Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
 the 60 MB L2 together.

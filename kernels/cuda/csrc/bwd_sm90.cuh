@@ -42,6 +42,13 @@
 // from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
 // OVERLAP with kDqRows or kDqCols and DQ_TMA (VIT_CUDA_BWD_SM90=pingpong, opt-in): the ping-pong consumer, bwd_sm90_consume_pp
 // below (the two consumers issue their products in turn; dQ one step late; dSᵀ double-buffered).
+// SPLITS (p.dq_splits = s > 0, attention.deterministic=true; the sequential consumer with rows-tma at head_dim 64,
+// columns-tma at 128, where each dQ element gets one reduce-add a key tile, always from the same thread):
+// FlashAttention-2's deterministic dq slices. Grid (s, H, B); CTA j walks key tiles j, j + s, ..., K and V reloaded
+// once both consumers release them (kv_empty), and adds its dQ into its own float32 slice of dq_accum, waiting at each
+// tile's end until its reduce-adds are done: each slice element sums its tiles in one order, and the dq kernel sums
+// the slices in order. (FlashAttention-3 orders its dQ adds with a semaphore per query tile instead, so the CTAs of
+// a (batch, head) add one behind the other.)
 // delta = rowsum(dO ∘ O) comes from bwd.cuh's delta kernel (which zeroes dq_accum), dq from dq_accum by its dq kernel.
 #pragma once
 #include <cuda.h>
@@ -104,13 +111,29 @@ template <int STAGES> struct BwdSm90Barriers {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // One key tile's loads: K, V once, then Q and dO stage by stage. `tile`: the key tiles this CTA has done before
-// (SPLITS walks several; the others one, tile 0), whose m_blocks steps each the Q/dO ring counts on from.
+// (SPLITS walks several; the others one, tile 0), whose m_blocks steps each the Q/dO ring counts on from (unsigned:
+// at N = 4M with one slice the count passes 2^31; S divides 2^32, so stage and parity wrap consistently).
 template <typename Tr, typename T>
 __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, const CUtensorMap *tm_do, T *Ks, T *Vs,
                                                  T *Qs, T *dOs, BwdSm90Barriers<Tr::kStages> &bar, int n0, int h,
                                                  int b, int m_blocks, int tile = 0) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
+  const unsigned first = (unsigned)tile * m_blocks;
+  auto load_q_do = [&](int m) {  // query rows m·BM.. of Q and dO into the stage of ring step first + m
+    const unsigned r = first + m, s = r % S;
+    mbar_wait(&bar.qd_empty[s], ((r / S) & 1) ^ 1);
+    mbar_arrive_expect_tx(&bar.qd_full[s], 2 * Tr::kTileBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kColBlocks; ++c) {
+      tma_load_4d(Qs + s * BM * D + c * BM * 64, tm_q, &bar.qd_full[s], 64 * c, m * BM, h, b);
+      tma_load_4d(dOs + s * BM * D + c * BM * 64, tm_do, &bar.qd_full[s], 64 * c, m * BM, h, b);
+    }
+  };
+  // A later tile's first Q/dO stages need only the last tile's stages freed, not its K and V: loaded first, they
+  // come in under the consumers' last dQ product and dK/dV stores.
+  const int early = tile > 0 ? (m_blocks < S ? m_blocks : S) : 0;
+  for (int m = 0; m < early; ++m) load_q_do(m);
   if (tile > 0) mbar_wait(&bar.kv_empty, (tile - 1) & 1);  // the consumers are done with the last tile's K, V
   mbar_arrive_expect_tx(&bar.kv_full, 2 * Tr::kKVBytes);
 #pragma unroll
@@ -118,16 +141,7 @@ __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const 
     tma_load_4d(Ks + c * BN * 64, tm_k, &bar.kv_full, 64 * c, n0, h, b);
     tma_load_4d(Vs + c * BN * 64, tm_v, &bar.kv_full, 64 * c, n0, h, b);
   }
-  for (int i = tile * m_blocks; i < (tile + 1) * m_blocks; ++i) {  // the ring's steps; tile rows (i % m_blocks)·BM
-    const int s = i % S, m = i - tile * m_blocks;
-    mbar_wait(&bar.qd_empty[s], ((i / S) & 1) ^ 1);
-    mbar_arrive_expect_tx(&bar.qd_full[s], 2 * Tr::kTileBytes);
-#pragma unroll
-    for (int c = 0; c < Tr::kColBlocks; ++c) {
-      tma_load_4d(Qs + s * BM * D + c * BM * 64, tm_q, &bar.qd_full[s], 64 * c, m * BM, h, b);
-      tma_load_4d(dOs + s * BM * D + c * BM * 64, tm_do, &bar.qd_full[s], 64 * c, m * BM, h, b);
-    }
-  }
+  for (int m = early; m < m_blocks; ++m) load_q_do(m);
 }
 
 // Pᵀ of one 64-key x BM-query tile in place (s -> Pᵀ, BM/2 elements), zero past N. Thread's element 4c + 2r + u:
@@ -347,7 +361,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 
   mbar_wait(&bar.kv_full, tile & 1);
   for (int i = 0; i < m_blocks; ++i) {
-    const int r = tile * m_blocks + i, st = r % S, m0 = i * BM;  // r: the Q/dO ring's step
+    const unsigned r = (unsigned)tile * m_blocks + i, st = r % S;  // r: the Q/dO ring's step (bwd_sm90_produce)
+    const int m0 = i * BM;
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.

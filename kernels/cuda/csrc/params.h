@@ -32,8 +32,9 @@ struct BwdParams {
   int B, H, N;
   float softmax_scale;
   int bwd_warps;             // 4 or 8: key rows per CTA = 16 * bwd_warps
-  // mma.sync backward only. 0: one CTA per key tile, dq_accum (B, H, N, d) summed with atomics in any order.
-  // s in 1..key tiles: deterministic, dq_accum (s, B, H, N, d), CTA j of a (batch, head) owns slice j (bwd.cuh).
+  // 0: one CTA per key tile, dq_accum (B, H, N, d) summed with atomics or TMA reduce-adds in any order.
+  // s in 1..key tiles: deterministic, dq_accum (s, B, H, N, d), CTA j of a (batch, head) owns slice j and walks key
+  // tiles j, j + s, ... (bwd.cuh; bwd_sm90.cuh with its row- or column-split TMA dQ).
   int dq_splits;
 };
 
