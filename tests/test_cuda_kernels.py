@@ -409,9 +409,12 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
     monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, rows-tma at 64
-    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # sequential: overlap measured slower
-    assert ops.sm90_bwd_options(q128) == (True, False, False, True, False)
+    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # pingpong at 128 (with columns-tma only), sequential at 64
+    assert ops.sm90_bwd_options(q128) == (True, False, False, True, True)
     assert ops.sm90_bwd_options(q64) == (False, False, True, True, False)
+    assert ops.sm90_bwd_options(q128, deterministic=True) == (True, False, False, True, False)
+    monkeypatch.setattr(ops, "BWD_DQ", "tma")
+    assert ops.sm90_bwd_options(q128) == (False, False, False, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
     assert ops.sm90_bwd_options(q128) == ops.sm90_bwd_options(q64) == (False, False, False, False, False)
     monkeypatch.setattr(ops, "BWD_DQ", "columns")
@@ -801,8 +804,8 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
         q = torch.empty(1, 1, n, 128, device="cuda", dtype=torch.bfloat16)
         assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
         assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm90")
-        assert ops.sm90_bwd_options(q) == (True, False, False, True, False)  # columns-tma
-        assert ops.sm90_bwd_options(q[..., :64]) == (False, False, True, True, False)  # rows-tma
+        assert ops.sm90_bwd_options(q) == (True, False, False, True, True)  # columns-tma, ping-pong consumers
+        assert ops.sm90_bwd_options(q[..., :64]) == (False, False, True, True, False)  # rows-tma, sequential
 
 
 @pytest.mark.gpu
@@ -810,7 +813,7 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 @pytest.mark.parametrize("seq_len", [127, 129, 197, 577, 1025])
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
-    on Hopper the pingpong forward with the columns-tma backward at head_dim 80/128, the sequential forward with the
+    on Hopper the pingpong forward and backward (columns-tma) at head_dim 80/128, the sequential forward with the
     rows-tma backward at 64, mma.sync below N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):

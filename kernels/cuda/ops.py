@@ -59,12 +59,17 @@ SM90_MIN_SEQ_LEN = 128
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma", "rows", "rows-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:
-# Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). "auto": sequential.
-# Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
+# Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
 # (2, 12, 16384, 64) 27.520 vs 25.882, (256, 12, 197, 64) 1.736 vs 1.545. It applies where the Hopper backward runs:
 # with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64. "pingpong" (with rows-tma at
 # head_dim 64, columns-tma at 128, the auto dQ modes there): the products issued by the two consumers in turn, each
 # one's softmax under the other's products, dQ one step late (csrc/bwd_sm90.cuh, bwd_sm90_consume_pp).
+# "auto": pingpong at head_dim 128 (80, 96 padded) with columns-tma, else sequential. H200, bf16, fwd+bwd ms with
+# cuda-auto's forward, two runs, pingpong vs sequential (benchmarks/results/h200_20261207/call1_bench*.log): d=128
+# (8, 16, 4096) 9.341 / 9.387 vs 10.361 / 10.285, (256, 12, 197) 1.625 / 1.649 vs 1.727 / 1.733; d=64 (8, 12, 4096)
+# 4.017 / 3.953 vs 4.132 / 4.074, (2, 12, 16384) 15.207 / 15.075 vs 15.296 / 15.278, (64, 12, 577) 1.059 / 1.162 vs
+# 1.168 / 1.091, (256, 12, 197) 1.093 / 1.062 vs 1.033 / 0.988; ViT-B/16 training at 1024 px (N = 4097, d = 64),
+# batch 8, vs timm + SDPA: eager +3.6 % vs +4.0 %, compiled -0.4 % vs -0.8 % (call2b, call3): at 64 no clear gain.
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
@@ -241,8 +246,10 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
     "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, rows-tma at 64) and ``BWD_SM90`` (env
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
-    columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "auto": sequential).
-    ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them.
+    columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "auto": pingpong with columns-tma at
+    head_dim 128, else sequential).
+    ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them (auto
+    picks it then).
 
     Raises:
         ValueError: a setting outside BWD_DQ_MODES or BWD_SM90_MODES, a mode at a head_dim it has no kernel for, or
@@ -273,7 +280,8 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     if BWD_SM90 == "pingpong" and mode not in ("rows-tma", "columns-tma"):
         raise ValueError(f"VIT_CUDA_BWD_SM90=pingpong has kernels for VIT_CUDA_BWD_DQ=rows-tma (head_dim 64) and "
                          f"columns-tma (128), the auto modes there; got VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
-    return cols, summed, rows, mode.endswith("tma"), BWD_SM90 in ("overlap", "pingpong")
+    auto_pingpong = BWD_SM90 == "auto" and mode == "columns-tma" and not deterministic
+    return cols, summed, rows, mode.endswith("tma"), BWD_SM90 in ("overlap", "pingpong") or auto_pingpong
 
 
 @attn_bwd.register_fake
