@@ -35,8 +35,8 @@ Limits of this backend:
 - the extension compiles on first use and is cached (30 s with 16 jobs on the H200 machine, a few
   minutes on 2 cores): ``python -m kernels.cuda.build`` builds it ahead of time.
 
-Measured on an H200 (bf16, forward+backward with the defaults, the peers in the same run,
-benchmarks/results/h200_20261204_c.md): 1.23-1.36× SDPA's FlashAttention-2 backend and 0.71-0.87× its cuDNN
+Measured on an H200 (bf16, forward+backward with the defaults, the peers in the same runs,
+benchmarks/results/h200_20261207.md): 1.30-1.42× SDPA's FlashAttention-2 backend and 0.75-0.92× its cuDNN
 backend at the six ``benchmarks/cuda_bench.py`` shapes.
 """
 from __future__ import annotations
