@@ -316,6 +316,32 @@ __device__ __forceinline__ void bwd_sm90_pack(const float (&s)[NS], const float 
     }
 }
 
+// dQ_w = dS K for one step, both operands MN-major in shared memory (dS: the step's dSᵀ, BM/64 blocks of 128 key
+// rows x 64 queries; Ks: K, D/64 column blocks of 128 rows): kDqCols, this warpgroup's 64 of dQ's columns over all
+// 128 keys (all of dSᵀ, K's column block w); kDqRows, its 64 query rows over all 128 keys (dSᵀ's query block w, all
+// of K); otherwise all D columns over its own 64 keys (its rows of dSᵀ and of K).
+template <int DTYPE, int D, int DQ, int NQ, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_dq(float (&dqw)[NQ], const T *dS, const T *Ks, int w) {
+  constexpr int BN = 128;
+  if constexpr (DQ == kDqCols) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dS + kk * 16 * 64, 64 * 128),
+                                make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
+  } else if constexpr (DQ == kDqRows) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dS + w * BN * 64 + kk * 16 * 64, BN * 128),
+                                make_desc_mn(Ks + kk * 16 * 64, BN * 128), kk > 0);
+  } else {
+    const T *dSw = dS + w * 64 * 64, *Kw = Ks + w * 64 * 64;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: 2048 bytes further on in dSᵀ and K_w
+      wgmma_ss_tt_d<DTYPE, D>(dqw, make_desc_mn(dSw + kk * 16 * 64, 64 * 128),
+                              make_desc_mn(Kw + kk * 16 * 64, BN * 128), kk > 0);
+  }
+}
+
 // The barrier around dSᵀ in shared memory: this warpgroup's (it reads only its own dSᵀ), or both
 // consumers' (kDqCols: each reads all of dSᵀ; kDqSum: the second also orders the dQ staging box between them; its
 // first could be this warpgroup's, but then the TMA + overlap kernel spilled 16 bytes, ptxas 13.0).
@@ -431,22 +457,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     ds_sync<DQ>(w);  // all of dSᵀ is in shared memory (kDqSum: and consumer 1 has read the staging box)
     fence_operands(dqw);
     wgmma_fence();
-    if constexpr (DQ_COLS) {
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)  // all 128 keys; K's column block w
-        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + kk * 16 * 64, 64 * 128),
-                                  make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
-    } else if constexpr (DQ_ROWS) {
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)  // all 128 keys; dSᵀ's query block w (this warpgroup's 64 query rows)
-        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(dSs + w * BN * 64 + kk * 16 * 64, BN * 128),
-                                  make_desc_mn(Ks + kk * 16 * 64, BN * 128), kk > 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)  // keys 16kk..: dSᵀ and K_w rows, 2048 bytes per step
-        wgmma_ss_tt_d<DTYPE, D>(dqw, make_desc_mn(dSw + kk * 16 * 64, 64 * 128),
-                                make_desc_mn(Kw + kk * 16 * 64, BN * 128), kk > 0);
-    }
+    bwd_sm90_issue_dq<DTYPE, D, DQ>(dqw, dSs, Ks, w);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(dqw);
@@ -528,14 +539,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   for (int i = 0; i < NO; ++i) dk[i] = dv[i] = 0.f;
 
   auto issue_dq = [&](float (&dqw)[NQ], int i) {  // this warpgroup's 64 x 64 of step i's dQ, over all 128 keys
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      if constexpr (ROWS)  // dQ rows 64w.. : dSᵀ's query block w, all of K
-        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(ds_buf(i) + w * BN * 64 + kk * 16 * 64, BN * 128),
-                                  make_desc_mn(Ks + kk * 16 * 64, BN * 128), kk > 0);
-      else  // dQ columns 64w.. : all of dSᵀ, K's column block w
-        wgmma_ss_n64<DTYPE, 1, 1>(dqw, make_desc_mn(ds_buf(i) + kk * 16 * 64, 64 * 128),
-                                  make_desc_mn(Ks + w * BN * 64 + kk * 16 * 64, BN * 128), kk > 0);
+    bwd_sm90_issue_dq<DTYPE, D, ROWS ? kDqRows : kDqCols>(dqw, ds_buf(i), Ks, w);
   };
   auto add_dq = [&](const float (&dqw)[NQ], int i) {  // into dq_accum by TMA reduce-add from the staging boxes
     if (warpgroup_leader()) bulk_wait_read<0>();  // the previous reduce-add has read the boxes
