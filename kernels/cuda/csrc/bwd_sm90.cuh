@@ -316,6 +316,19 @@ __device__ __forceinline__ void bwd_sm90_pack(const float (&s)[NS], const float 
     }
 }
 
+// dV += Pᵀ dO and dK += dSᵀ Q for one step (this warpgroup's 64 keys x D): A from registers (pa, sa, as
+// bwd_sm90_pack leaves them, one per 16-query k-step), B the step's dO and Q stages, MN-major in shared memory.
+template <int DTYPE, int D, int KS, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_dkdv(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[KS][4],
+                                                    const uint32_t (&sa)[KS][4], const T *Qb, const T *dOb) {
+  constexpr int BM = 16 * KS;  // query rows a step
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
+    wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
+    wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
+  }
+}
+
 // dQ_w = dS K for one step, both operands MN-major in shared memory (dS: the step's dSᵀ, BM/64 blocks of 128 key
 // rows x 64 queries; Ks: K, D/64 column blocks of 128 rows): kDqCols, this warpgroup's 64 of dQ's columns over all
 // 128 keys (all of dSᵀ, K's column block w); kDqRows, its 64 query rows over all 128 keys (dSᵀ's query block w, all
@@ -439,11 +452,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     fence_operands(pa);
     fence_operands(sa);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
-      wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
-      wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
-    }
+    bwd_sm90_issue_dkdv<DTYPE, D>(dv, dk, pa, sa, Qb, dOb);
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(dv);
@@ -599,11 +608,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(sa);
     fence_operands(dqw);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {  // queries 16kk..16kk+15: 2048 bytes further on in Q and dO
-      wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
-      wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
-    }
+    bwd_sm90_issue_dkdv<DTYPE, D>(dv, dk, pa, sa, Qb, dOb);
     if constexpr (HAS_DQ) issue_dq(dqw, i - 1);
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
