@@ -254,6 +254,22 @@ __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const fl
   }
 }
 
+// dQ_w (64 rows x NQ columns, the accumulator fragments) added to dq ((N, D) float32) at rows row0.., columns col0..
+// by float32 atomics, two floats each (REDG.F32x2); rows past N are skipped.
+template <int D, int NQ>
+__device__ __forceinline__ void bwd_sm90_atomic_dq(float *dq, const float (&dqw)[NQ], int row0, int col0, int N, int warp,
+                                                   int g, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // dQ rows row0 + 16·warp + g + 8r
+    const int m = row0 + warp * 16 + g + 8 * r;
+    if (m >= N) continue;
+#pragma unroll
+    for (int j = 0; j < NQ / 4; ++j)
+      atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + col0 + 8 * j + 2 * t),
+                make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
+  }
+}
+
 // The thread of a warpgroup that issues its bulk copies, read from threadIdx each time (a register kept for it
 // through the loop spilled at head_dim 128).
 __device__ __forceinline__ bool warpgroup_leader() { return (threadIdx.x & 127) == 0; }
@@ -476,15 +492,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
         bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, !DQ_ROWS || m0 + dq_row0 < N, warp,
                                        g, t);
       } else {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // dQ rows m0 + dq_row0 + 16·warp + g + 8r
-          const int m = m0 + dq_row0 + warp * 16 + g + 8 * r;
-          if (m >= N) continue;
-#pragma unroll
-          for (int j = 0; j < NQ / 4; ++j)
-            atomicAdd(reinterpret_cast<float2 *>(dq + (int64_t)m * D + dq_col0 + 8 * j + 2 * t),
-                      make_float2(dqw[4 * j + 2 * r], dqw[4 * j + 2 * r + 1]));
-        }
+        bwd_sm90_atomic_dq<D>(dq, dqw, m0 + dq_row0, dq_col0, N, warp, g, t);
       }
     };
     if constexpr (DQ == kDqSum) {  // consumer 0 hands its dQ_w to consumer 1 through the staging box
