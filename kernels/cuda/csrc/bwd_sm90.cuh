@@ -254,6 +254,17 @@ __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const fl
   }
 }
 
+// A 128-query step's lse and delta (queries m0.., zero past N) into this warpgroup's shared-memory copy lsd_w (BM
+// floats each), one per thread, for the softmax to read: loaded from global memory where they are used, the 128-query
+// step spilled 40-44 bytes (ptxas 13.0).
+template <int BM>
+__device__ __forceinline__ void bwd_sm90_stage_lsd(float *lsd_w, const float *lse, const float *delta, int m0, int tid,
+                                                   int N) {
+  const int q = m0 + tid;
+  lsd_w[tid] = q < N ? lse[q] : 0.f;
+  lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
+}
+
 // dQ_w (64 rows x NQ columns, the accumulator fragments) added to dq ((N, D) float32) at rows row0.., columns col0..
 // by float32 atomics, two floats each (REDG.F32x2); rows past N are skipped.
 template <int D, int NQ>
@@ -446,11 +457,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) issue_s(kk), issue_dp(kk);
       wgmma_commit();
-      if constexpr (DQ_ROWS) {  // this step's lse and delta into shared memory under the products, read from there:
-        const int q = m0 + tid;  // loaded from global memory where they are used, the 128-query step spilled
-        lsd_w[tid] = q < N ? lse[q] : 0.f;
-        lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
-      }
+      if constexpr (DQ_ROWS) bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
       wgmma_wait<0>();
       fence_operands(s);
       fence_operands(dp);
@@ -587,11 +594,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     }
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
-    if constexpr (ROWS) {  // this step's lse and delta into shared memory under the products (as the row split does)
-      const int q = m0 + tid;
-      lsd_w[tid] = q < N ? lse[q] : 0.f;
-      lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
-    }
+    if constexpr (ROWS) bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
     wgmma_wait<0>();
     fence_operands(s);
     fence_operands(dp);
