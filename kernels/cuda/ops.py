@@ -85,8 +85,12 @@ def _capability_of(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
-    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability_of(_index(device))
 
 
 def _choose(setting: str, env: str, q: Tensor) -> str:
@@ -158,22 +162,25 @@ def dq_splits(q: Tensor, bwd_warps: int) -> int:
     slice costs a float32 (B, H, N, d) buffer, summed at the end). FlashAttention-2's ceil(SMs / (B·H)) measured
     1.84× the atomic backward's time at (2, 12, 16384, 64) on an H200, where it makes 144 CTAs of one wave's 132:
     a second wave for 12 of them (benchmarks/results/cuda_h200.md)."""
-    B, H, N, d = q.shape
+    d = q.shape[-1]
     if d not in (32, 64, 128):
         raise ValueError(f"dq_splits takes q as the kernels get it, head_dim 32, 64 or 128 (others padded), got {d}")
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    tiles = -(-N // (16 * bwd_warps))
-    per_wave = _sm_count(index) * _split_ctas_per_sm(index, q.dtype, d, bwd_warps)
-    return splits_for(B * H, tiles, per_wave, max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
+    return _wave_splits(q, 16 * bwd_warps, _split_ctas_per_sm(_index(q.device), q.dtype, d, bwd_warps))
 
 
 def sm90_dq_splits(q: Tensor) -> int:
     """The Hopper backward's dq slices for ``q`` (B, H, N, d), d 64 or 128, on its GPU: as :func:`dq_splits`, with
     its 128-key tiles and one CTA per SM (its shared memory, over half an SM's, makes it so: a static_assert in
     csrc/bwd_sm90.cuh)."""
+    return _wave_splits(q, 128, 1)
+
+
+def _wave_splits(q: Tensor, tile_keys: int, ctas_per_sm: int) -> int:
+    """:func:`splits_for` on ``q``'s GPU, for key tiles of ``tile_keys`` keys, ``ctas_per_sm`` CTAs on each SM and at
+    most DQ_SPLITS_BYTES of slices."""
     B, H, N, d = q.shape
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    return splits_for(B * H, -(-N // 128), _sm_count(index), max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
+    per_wave = _sm_count(_index(q.device)) * ctas_per_sm
+    return splits_for(B * H, -(-N // tile_keys), per_wave, max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
 
 
 def backward_splits(q: Tensor, deterministic: bool) -> int:

@@ -687,6 +687,11 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
   // register reallocation and was spilled (the DQ_TMA kernels at head_dim 128, ptxas 13.0)
   const auto m_blocks = [&p] { return (p.N + Tr::kBlockM - 1) / Tr::kBlockM; };
+  // SPLITS: f(n, j) for this CTA's key tiles n = n0, n0 + s·128, ..., j the tiles before it (producer and consumers
+  // walk the same ones)
+  const auto each_tile = [&p, n0](auto &&f) {
+    for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j) f(n, j);
+  };
   if (threadIdx.x == 0) {
     tma_prefetch_descriptor(&tm_q), tma_prefetch_descriptor(&tm_k);
     tma_prefetch_descriptor(&tm_v), tma_prefetch_descriptor(&tm_do);
@@ -704,17 +709,19 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     setmaxnreg_dec<V::kProducerRegs>();
     if constexpr (SPLITS) {
       if (tid == 0)
-        for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j)
+        each_tile([&](int n, int j) {
           bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n, h, b, m_blocks(), j);
+        });
     } else if (tid == 0) {
       bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n0, h, b, m_blocks());
     }
   } else {
     setmaxnreg_inc<V::kConsumerRegs>();
     if constexpr (SPLITS)
-      for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j)
+      each_tile([&](int n, int j) {
         bwd_sm90_consume<DTYPE, D, DQ, true, false, true>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid,
                                                           n, h, b, m_blocks(), j);
+      });
     else if constexpr (PP)
       bwd_sm90_consume_pp<DTYPE, D>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid, n0, h, b, m_blocks());
     else
