@@ -142,15 +142,17 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
     dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
     keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once). The deterministic
-    kernels (dq slices: rows-tma at 64, columns-tma at 128) as their one-tile twins, plus the wait for their reduce-adds'
-    writes at each tile's end (cp.async.bulk.wait_group without .read: ptxas invalidates L1 after it, CCTL.IVALL)."""
+    kernels (dq slices: rows-tma at 64, columns-tma at 128) as their one-tile twins, plus the wait for their
+    reduce-adds' writes at each tile's end (cp.async.bulk.wait_group without .read: ptxas invalidates L1 after it,
+    CCTL.IVALL)."""
     names = [name for (_, name) in cubins if name.startswith("bwd_sm90_")]
     assert len(names) == 4, names
     for name in names:
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        assert len(kernels) == (6 if d == 128 else 12), (name, list(kernels))  # (cols, tma); (sum, tma, overlap), rows; pp; slices
+        # (cols, tma); (sum, tma, overlap), rows; pp; slices
+        assert len(kernels) == (6 if d == 128 else 12), (name, list(kernels))
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
@@ -720,9 +722,9 @@ def test_sm90_pingpong_backward_equals_sequential_bitwise(N, head_dim):
 def test_sm90_deterministic_slices(N, splits, head_dim):
     """The deterministic Hopper backward (dq_splits slices; CTA j walks key tiles j, j + splits, ...): dk and dv
     bitwise those of the one-tile-per-CTA kernel (the same consumer arithmetic per tile), dq within about one bf16
-    step of its largest entry, and dq bitwise equal in two runs on each of two fresh inputs. Splits 1 at N = 129: one CTA walks both
-    tiles; 9 at 1025: one tile each; 1 at 4096: 32 tiles a CTA (float adds commute, so the order of adds shows only
-    from the third tile on: there, with atomics, dq differs run to run)."""
+    step of its largest entry, and dq bitwise equal in two runs on each of two fresh inputs. Splits 1 at N = 129:
+    one CTA walks both tiles; 9 at 1025: one tile each; 1 at 4096: 32 tiles a CTA (float adds commute, so the order
+    of adds shows only from the third tile on: there, with atomics, dq differs run to run)."""
     split = {"dq_rows": True, "dq_tma": True} if head_dim == 64 else {"dq_cols": True, "dq_tma": True}
     one_tile, sliced = _sm90_backward_twice(N, split, {**split, "dq_splits": splits}, head_dim)
     assert torch.equal(one_tile[1], sliced[1]) and torch.equal(one_tile[2], sliced[2])

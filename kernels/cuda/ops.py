@@ -59,7 +59,8 @@ SM90_MIN_SEQ_LEN = 128
 BWD_DQ = os.environ.get("VIT_CUDA_BWD_DQ", "auto")
 BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-tma", "rows", "rows-tma")
 # The Hopper backward's consumer schedule: "sequential" (Sᵀ and dPᵀ, then their softmax) or "overlap" (head_dim 64:
-# Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). Overlap measured slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
+# Pᵀ's exponentials under dPᵀ's wgmma, bitwise the same results; at 128 it runs out of registers). Overlap measured
+# slower at every shape (h200_20261204_b.md, fwd+bwd ms, atomic dQ): (8, 12, 4096, 64) 7.666 vs 7.086,
 # (2, 12, 16384, 64) 27.520 vs 25.882, (256, 12, 197, 64) 1.736 vs 1.545. It applies where the Hopper backward runs:
 # with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64. "pingpong" (with rows-tma at
 # head_dim 64, columns-tma at 128, the auto dQ modes there): the products issued by the two consumers in turn, each
