@@ -15,7 +15,8 @@ with atomic or TMA dQ; head_dim 64 only), ``cuda-sm90-dqsum*`` (the two consumer
 added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-dqrows*`` (128 query rows a step, dQ
 split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64 only; ``-pingpong``: its products issued
 by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
-pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward) and ``cuda-auto`` (the default
+pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward), ``cuda-sm90-wide`` (its three consumer
+warpgroups, VIT_CUDA_FWD_SM90=wide, head_dim 64, with auto's backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
@@ -82,6 +83,8 @@ def bench_attention(skip=()):
         backends["cuda-sm90"] = cuda_with("sm90")
         backends["cuda-sm90-bwd90"] = cuda_with("sm90", "sm90")
         backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
+        # three consumer warpgroups in the forward (head_dim 64), with auto's backward: differs from cuda-auto in it
+        backends["cuda-sm90-wide"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="wide", bwd_sm90="auto")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
                                                         fwd_sm90="auto", bwd_sm90="auto")
@@ -116,7 +119,7 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         for name, fn in backends.items():
-            d64_only = name.endswith("overlap") or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
+            d64_only = name.endswith(("overlap", "wide")) or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
             if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64):
                 continue
             try:

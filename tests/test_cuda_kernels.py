@@ -80,21 +80,23 @@ def test_attention_sass_uses_tensor_cores(cubins, arch):
 
 
 def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
-    """The Hopper forward, both consumer schedules. Sequential: per key tile D/16 HGMMA for S = Q Kᵀ (m64n128,
-    both operands from shared memory) and 8 for O += P V (A from registers, B transposed). Pingpong: those twice
-    (the first tile's S and the last tile's P·V are issued apart), all of a tile's products after one
-    WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are written while one is in
-    flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it: the xfail below), and
-    named-barrier arrivals.
-    Both: TMA loads, mbarrier waits, setmaxnreg."""
+    """The Hopper forward, every consumer schedule. Sequential (two consumers, and at head_dim 64 also three: wide):
+    per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared memory) and 8 for O += P V (A from
+    registers, B transposed). Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
+    of a tile's products after one WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are
+    written while one is in flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it: the
+    xfail below), and named-barrier arrivals.
+    All: TMA loads, mbarrier waits, setmaxnreg, no local memory."""
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
+    kinds = {"0": "sequential", "1": "pingpong", "2": "wide"}  # fwd_sm90_kernel<DTYPE, D, SCHEDULE, C>
     for name in names:
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         functions = _functions(_sass(cubins[("sm_90a", name)][0]))
-        schedules = {("pingpong" if "Lb1E" in f else "sequential"): sass for f, sass in functions.items()
-                     if "fwd_sm90_kernel" in f}
-        assert set(schedules) == {"sequential", "pingpong"}, f"{name}: {list(functions)}"
+        schedules = {kinds[re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi(\d)E", f).group(1)]: sass
+                     for f, sass in functions.items() if "fwd_sm90_kernel" in f}
+        expected = {"sequential", "pingpong"} | ({"wide"} if d == "64" else set())
+        assert set(schedules) == expected, f"{name}: {list(functions)}"
         suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
         ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
         rs = rf"HGMMA\.64x{d}x16\.F32{suffix} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB"
@@ -107,6 +109,7 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
             assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{where}: no mbarrier wait in the SASS"
             assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{where}: no setmaxnreg"
             assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{where}: mma.sync or cp.async left in"
+            assert "STL" not in sass and "LDL" not in sass, f"{where}: registers spilled to local memory"
         pingpong = schedules["pingpong"]
         assert pingpong.count("WARPGROUP.ARRIVE") == 3, f"{name}: pingpong's wgmmas are serialised"
         assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in pingpong, f"{name}: no wait that leaves P·V in flight"
@@ -120,7 +123,8 @@ def test_sm90_pingpong_softmax_overlaps_pv(cubins, head_dim):
     """The intra-warpgroup overlap in the SASS: the softmax's exponentials (MUFU.EX2, 64 and the 2 rescale factors)
     between the wait that leaves P·V running (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0)."""
     for name in [name for (_, name) in cubins if name.startswith(f"fwd_sm90_hdim{head_dim}_")]:
-        sass = next(f for k, f in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "Lb1E" in k)
+        sass = next(f for k, f in _functions(_sass(cubins[("sm_90a", name)][0])).items()
+                    if re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi1E", k))  # SCHEDULE 1: pingpong
         between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
         assert between.count("MUFU.EX2") == 66, f"{name}: the softmax waits for P·V"
 
@@ -387,7 +391,7 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 
 class _Sm90Ext:
-    fwd_sm90, fwd_sm90_pingpong = "sequential forward", "pingpong forward"
+    fwd_sm90, fwd_sm90_pingpong, fwd_sm90_wide = "sequential forward", "pingpong forward", "wide forward"
 
 
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
@@ -399,6 +403,10 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "sequential")
     assert ops.sm90_forward(_Sm90Ext, q128) == "sequential forward"
+    monkeypatch.setattr(ops, "FWD_SM90", "wide")
+    assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"
+    with pytest.raises(ValueError, match="wide has kernels for head_dim 64 only.*got 128"):
+        ops.sm90_forward(_Sm90Ext, q128)
     monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
     with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
         ops.sm90_forward(_Sm90Ext, q128)
@@ -539,9 +547,9 @@ print("finished")
     ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
     ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
     ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
-    ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic")])
+    ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
-    """First of the sm90 tests: forward (pingpong: the pipelined consumers) and backward (columns: the column-split
+    """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
     products in turn, ten named barriers between them, and columns-tma with it at head_dim 128; deterministic: the dq
     slices, one CTA walking every key tile, K and V reloaded through kv_empty) run to the end in a child process, so
@@ -582,7 +590,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
-                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det"])
+                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -591,14 +599,15 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
-    every key tile of its (batch, head))."""
+    every key tile of its (batch, head); sm90-wide: the forward's three consumers, with the default backward)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd) and head_dim != 64:
-        pytest.skip("the overlapped consumer, the summed and the row-split dQ are for head_dim 64")
-    monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else "sequential")
+    if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd) and head_dim != 64:
+        pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide forward are for head_dim 64")
+    monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else
+                        "wide" if bwd == "sm90-wide" else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
@@ -606,7 +615,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-dqsum-tma": "sum-tma", "sm90-overlap-dqsum": "sum",
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
-                                        "sm90-dqcols-tma-pp": "columns-tma"}.get(bwd, "atomic"))
+                                        "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "sequential")
     deterministic = bwd == "sm90-det"
@@ -643,6 +652,25 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     scale = head_dim ** -0.5
     sequential, pingpong = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_pingpong(q, k, v, scale)
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N", [1, 17, 129, 193, 577, 1025, 4097])
+def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
+    """Three consumers (192 query rows a CTA) do each row's arithmetic as the two-consumer kernel does: out and lse
+    bitwise equal, at N within one CTA, across the 192-row boundary and with a ragged last CTA; packed (strided) q, k,
+    v as the ViT passes them. Asking for it at head_dim 128 is an error that names the head_dim."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    qkv = torch.randn(2, N, 3, 5, 64, device="cuda", dtype=dtype)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    sequential, wide = ext.fwd_sm90(q, k, v, 0.125), ext.fwd_sm90_wide(q, k, v, 0.125)
+    assert torch.equal(sequential[0], wide[0]) and torch.equal(sequential[1], wide[1])
+    q128 = torch.randn(1, 1, N, 128, device="cuda", dtype=dtype)
+    with pytest.raises(ValueError, match="head_dim 64 only, got 128"):
+        ext.fwd_sm90_wide(q128, q128, q128, 0.1)
 
 
 def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False, dq_splits=0) -> tuple:

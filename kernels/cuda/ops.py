@@ -77,8 +77,10 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
 # (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
 # sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
 # (8, 12, 4096) 343 vs 424, (2, 12, 16384) 409 vs 471 (benchmarks/results/h200_20261202/call1_cuda_bench.log).
+# "wide" (head_dim 64): sequential with three consumer warpgroups, 192 query rows a CTA (FlashAttention-3's head_dim-64
+# forward tile height).
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
-FWD_SM90_MODES = ("auto", "sequential", "pingpong")
+FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide")
 
 
 @functools.cache
@@ -218,10 +220,16 @@ def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
 
 def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
-    ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential") or ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
-    head_dim 128). Raises ValueError for another value."""
+    ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
+    head_dim 128) or ``fwd_sm90_wide`` ("wide", head_dim 64). Raises ValueError for another value, or "wide" at
+    another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
+    if FWD_SM90 == "wide":
+        if q.shape[-1] != 64:
+            raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
+                             f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
+        return ext.fwd_sm90_wide
     pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)
     return ext.fwd_sm90_pingpong if pingpong else ext.fwd_sm90
 

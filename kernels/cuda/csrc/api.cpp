@@ -62,10 +62,10 @@ at::Tensor tma_ready(const at::Tensor &t) {
   return ok ? t : t.contiguous();
 }
 
-// sm90 = true runs the Hopper kernels (fwd_sm90.cuh; pingpong: its pipelined consumers), else the mma.sync ones
-// (fwd.cuh).
+// sm90 = true runs the Hopper kernels (fwd_sm90.cuh; schedule: kFwdSequential, kFwdPingpong (its pipelined
+// consumers) or kFwdWide (three sequential consumers, head_dim 64)), else the mma.sync ones (fwd.cuh).
 std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90,
-                                 bool pingpong = false) {
+                                 int schedule = 0) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -73,6 +73,8 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   const c10::cuda::CUDAGuard guard(q.device());
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 forward has kernels for head_dim 64 and 128, got 32");
+    TORCH_CHECK_VALUE(schedule != 2 || q.size(3) == 64, "the three-consumer sm90 forward (fwd_sm90_wide) has "
+                      "kernels for head_dim 64 only, got ", q.size(3), ": use fwd_sm90 or fwd_sm90_pingpong");
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
   } else {
     q = aligned(q), k = aligned(k), v = aligned(v);
@@ -95,7 +97,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
 #ifdef VITK_SM90A
     if constexpr (D != 32) {
       const char *what = "";
-      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, pingpong);
+      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, schedule);
       TORCH_CHECK(err == cudaSuccess, "attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err));
     }
 #endif
@@ -129,7 +131,12 @@ std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, doubl
 
 std::vector<at::Tensor> fwd_sm90_pingpong(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
   check_sm90(q);
-  return fwd_impl(q, k, v, softmax_scale, true, true);
+  return fwd_impl(q, k, v, softmax_scale, true, 1);
+}
+
+std::vector<at::Tensor> fwd_sm90_wide(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
+  return fwd_impl(q, k, v, softmax_scale, true, 2);
 }
 
 // dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
@@ -276,6 +283,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_pingpong", &fwd_sm90_pingpong, "fwd_sm90 with pipelined consumers: each issues Q·K_jᵀ with "
         "P_{j-1}·V_{j-1} and runs the softmax under the second, the two take turns (FlashAttention-3's ping-pong): "
+        "(q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90_wide", &fwd_sm90_wide, "fwd_sm90 with three consumer warpgroups, 192 query rows a CTA (head_dim 64): "
         "(q, k, v, softmax_scale) -> [out, lse]");
 #ifdef VITK_SM90A
   m.attr("has_sm90") = true;

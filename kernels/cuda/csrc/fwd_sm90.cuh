@@ -29,9 +29,13 @@
 
 namespace vitk {
 
-template <int D> struct FwdSm90Traits {
+// C consumer warpgroups: 2, or 3 at head_dim 64 (FlashAttention-3's head_dim-64 forward tile, 192 query rows a CTA:
+// a third warpgroup's softmax or products fill the tensor pipe while the other two wait; 24/160 registers, as FA-3
+// splits four warpgroups).
+template <int D, int C = 2> struct FwdSm90Traits {
   static_assert(D == 64 || D == 128, "the sm90 forward has kernels for head_dim 64 and 128");
-  static constexpr int kConsumers = 2;                 // consumer warpgroups, 64 query rows each
+  static_assert(C == 2 || (C == 3 && D == 64), "three consumers: head_dim 64 only (registers)");
+  static constexpr int kConsumers = C;                 // consumer warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA (shares each K/V tile)
   static constexpr int kBlockN = 128;                  // keys per tile: S is m64n128 per consumer
@@ -40,10 +44,13 @@ template <int D> struct FwdSm90Traits {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kTileBytes = kBlockN * D * 2;   // one K or one V stage
   static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;  // + 1024-B alignment slack
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kProducerRegs = C == 3 ? 24 : 40, kConsumerRegs = C == 3 ? 160 : 232;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
+
+// The forward's consumer schedules (run_fwd_sm90's `schedule`, api.cpp's fwd_sm90 / _pingpong / _wide).
+enum : int { kFwdSequential = 0, kFwdPingpong = 1, kFwdWide = 2 };  // kFwdWide: sequential, three consumers
 
 template <int STAGES> struct FwdSm90Barriers {
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
@@ -150,9 +157,9 @@ __device__ __forceinline__ void fwd_sm90_store(const FwdParams &p, const float (
 }
 
 // S = Q Kᵀ for this warpgroup's 64 rows (Qw) and the K tile at Kb, issued and committed as one wgmma group.
-template <int DTYPE, int D, int NS, typename T>
+template <int DTYPE, int D, int BM = FwdSm90Traits<D>::kBlockM, int NS, typename T>
 __device__ __forceinline__ void issue_qk(float (&s)[NS], const T *Qw, const T *Kb) {
-  constexpr int BM = FwdSm90Traits<D>::kBlockM, BN = FwdSm90Traits<D>::kBlockN;
+  constexpr int BN = FwdSm90Traits<D>::kBlockN;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
     const int blk = kk / 4, col = (kk % 4) * 16;
@@ -174,15 +181,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[NO], const uint32_t (&pa)[KS
   wgmma_commit();
 }
 
-// Consumer warpgroup `w`: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
-template <int DTYPE, int D>
+// Consumer warpgroup `w` of C: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
+template <int DTYPE, int D, int C>
 __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs,
-                                                 FwdSm90Barriers<FwdSm90Traits<D>::kStages> &bar, int w, int tid,
+                                                 FwdSm90Barriers<FwdSm90Traits<D, C>::kStages> &bar, int w, int tid,
                                                  int m0, int h, int b, int n_blocks) {
   using T = typename Elem<DTYPE>::T;
-  using Tr = FwdSm90Traits<D>;
+  using Tr = FwdSm90Traits<D, C>;
   constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T *Qw = Qs + w * 64 * 64;  // this warpgroup's rows inside every 64-column block
@@ -202,7 +209,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     mbar_wait(&bar.k_full[st], parity);
     fence_operands(s);
     wgmma_fence();
-    issue_qk<DTYPE, D>(s, Qw, Kb);
+    issue_qk<DTYPE, D, Tr::kBlockM>(s, Qw, Kb);
     wgmma_wait<0>();
     fence_operands(s);
 
@@ -321,13 +328,13 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, bool PINGPONG>
-__global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
+template <int DTYPE, int D, int SCHEDULE, int C = SCHEDULE == kFwdWide ? 3 : 2>
+__global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
-  using Tr = FwdSm90Traits<D>;
+  using Tr = FwdSm90Traits<D, C>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ FwdSm90Barriers<Tr::kStages> bar;
   // 128B-swizzled TMA tiles must start on 1024-byte boundaries of the shared window.
@@ -354,8 +361,8 @@ __global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
     if (tid == 0) fwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks);
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    if constexpr (PINGPONG) fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
-    else fwd_sm90_consume<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    if constexpr (SCHEDULE == kFwdPingpong) fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    else fwd_sm90_consume<DTYPE, D, C>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -405,13 +412,9 @@ inline bool encode_dq_tensor_map(CUtensorMap *map, float *ptr, int B, int H, int
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int DTYPE, int D>
-cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong) {
-  using Tr = FwdSm90Traits<D>;
-  if (tensor_map_encoder() == nullptr) {
-    *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
-    return cudaErrorNotSupported;
-  }
+template <int DTYPE, int D, int SCHEDULE>
+cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
+  using Tr = FwdSm90Traits<D, SCHEDULE == kFwdWide ? 3 : 2>;
   CUtensorMap tm_q, tm_k, tm_v;
   const bool bf16 = DTYPE == kBFloat16;
   *what = "cuTensorMapEncodeTiled (q, k or v: strides must be multiples of 16 bytes)";
@@ -419,19 +422,31 @@ cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **w
       !encode_tensor_map(&tm_k, p.k, p.k_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16) ||
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16))
     return cudaErrorInvalidValue;
-  auto kernel = pingpong ? fwd_sm90_kernel<DTYPE, D, true> : fwd_sm90_kernel<DTYPE, D, false>;
   *what = "setting the sm90 forward's shared memory size";
-  cudaError_t err = pingpong ? set_smem_once<fwd_sm90_kernel<DTYPE, D, true>>(Tr::kSmemBytes)
-                             : set_smem_once<fwd_sm90_kernel<DTYPE, D, false>>(Tr::kSmemBytes);
+  const cudaError_t err = set_smem_once<fwd_sm90_kernel<DTYPE, D, SCHEDULE>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   *what = "the sm90 forward launch";
   dim3 grid((p.N + Tr::kBlockM - 1) / Tr::kBlockM, p.H, p.B);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
+  fwd_sm90_kernel<DTYPE, D, SCHEDULE><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
   return cudaGetLastError();
+}
+
+// `schedule`: kFwdSequential, kFwdPingpong or kFwdWide (head_dim 64 only; a clear error at 128).
+template <int DTYPE, int D>
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule) {
+  if (tensor_map_encoder() == nullptr) {
+    *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
+    return cudaErrorNotSupported;
+  }
+  if (schedule == kFwdPingpong) return launch_fwd_sm90<DTYPE, D, kFwdPingpong>(p, stream, what);
+  if (schedule != kFwdWide) return launch_fwd_sm90<DTYPE, D, kFwdSequential>(p, stream, what);
+  if constexpr (D == 64) return launch_fwd_sm90<DTYPE, D, kFwdWide>(p, stream, what);
+  *what = "the three-consumer sm90 forward (head_dim 64 only)";
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace vitk
 
 #define VITK_INSTANTIATE_FWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_fwd_sm90<vitk::DTYPE, D>(const vitk::FwdParams &, cudaStream_t, \
-                                                          const char **, bool);
+                                                          const char **, int);

@@ -45,9 +45,10 @@ template <int DTYPE, int D> cudaError_t run_bwd(const BwdParams &p, cudaStream_t
 template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 // Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
-// pingpong: fwd_sm90.cuh's pipelined consumers (FlashAttention-3's ping-pong and intra-warpgroup overlap).
+// schedule: 0 sequential, 1 pingpong (pipelined consumers: FlashAttention-3's ping-pong and intra-warpgroup overlap),
+// 2 wide (three sequential consumers, head_dim 64 only).
 template <int DTYPE, int D>
-cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, bool pingpong);
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule);
 // Which bwd_sm90.cuh kernel runs: dq_cols its kDqCols dQ (head_dim 128 only), dq_sum its kDqSum (head_dim 64 only),
 // dq_rows its kDqRows (128 query rows a step; head_dim 64 only), dq_tma its DQ_TMA, overlap its OVERLAP consumer
 // (head_dim 64 only, not with dq_rows); elsewhere cudaErrorInvalidValue.
