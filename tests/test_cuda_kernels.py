@@ -398,7 +398,9 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
     assert ops.sm90_forward(_Sm90Ext, q128) == "pingpong forward"  # auto: measured faster at 128, slower at 64
-    assert ops.sm90_forward(_Sm90Ext, q64) == "sequential forward"
+    assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"  # three consumers where their tiles are no waste
+    for n, schedule in ((197, "sequential"), (577, "sequential"), (1025, "wide"), (4097, "wide"), (16384, "wide")):
+        assert ops.sm90_forward(_Sm90Ext, torch.empty(1, 1, n, 64, device="meta")) == f"{schedule} forward", n
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
     assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "sequential")
@@ -660,7 +662,7 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
     """Three consumers (192 query rows a CTA) do each row's arithmetic as the two-consumer kernel does: out and lse
     bitwise equal, at N within one CTA, across the 192-row boundary and with a ragged last CTA; packed (strided) q, k,
-    v as the ViT passes them. Asking for it at head_dim 128 is an error that names the head_dim."""
+    v as the ViT passes them."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
@@ -668,9 +670,33 @@ def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
     sequential, wide = ext.fwd_sm90(q, k, v, 0.125), ext.fwd_sm90_wide(q, k, v, 0.125)
     assert torch.equal(sequential[0], wide[0]) and torch.equal(sequential[1], wide[1])
-    q128 = torch.randn(1, 1, N, 128, device="cuda", dtype=dtype)
-    with pytest.raises(ValueError, match="head_dim 64 only, got 128"):
-        ext.fwd_sm90_wide(q128, q128, q128, 0.1)
+
+
+_EXT_ERROR = """
+import sys
+import torch
+from kernels.cuda import build
+q = torch.randn(1, 1, 17, int(sys.argv[2]), device="cuda", dtype=torch.bfloat16)
+try:
+    getattr(build.extension(), sys.argv[1])(q, q, q, 0.1)
+except ValueError as exc:
+    print("ValueError:", exc)
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn, head_dim, message", [("fwd_sm90_wide", 128, "head_dim 64 only, got 128"),
+                                                   ("fwd_sm90", 32, "head_dim 64 and 128, got 32")])
+def test_sm90_forward_refuses_a_head_dim_it_has_no_kernel_for(fn, head_dim, message):
+    """The extension's own checks raise ValueError through pybind11 (in a child process: on the H100 of 2026-12-07
+    fwd_sm90_wide at head_dim 128 ended the test process with a segmentation fault, not an exception)."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    build.extension()  # build (or load) here, outside the child's time limit
+    proc = subprocess.run([sys.executable, "-c", _EXT_ERROR, fn, str(head_dim)], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and "ValueError:" in proc.stdout and message in proc.stdout, \
+        f"rc {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-2000:]}"
 
 
 def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False, dq_splits=0) -> tuple:
@@ -843,8 +869,8 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 @pytest.mark.parametrize("seq_len", [127, 129, 197, 577, 1025])
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
-    on Hopper the pingpong forward and backward (columns-tma) at head_dim 80/128, the sequential forward with the
-    rows-tma backward at 64, mma.sync below N = 128."""
+    on Hopper the pingpong forward and backward (columns-tma) at head_dim 80/128, the sequential forward (the wide one
+    at N = 1025) with the rows-tma backward at 64, mma.sync below N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):
         pytest.skip("a VIT_CUDA_* setting in the environment overrides the defaults under test")

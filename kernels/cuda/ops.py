@@ -78,7 +78,11 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
 # sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
 # (8, 12, 4096) 343 vs 424, (2, 12, 16384) 409 vs 471 (benchmarks/results/h200_20261202/call1_cuda_bench.log).
 # "wide" (head_dim 64): sequential with three consumer warpgroups, 192 query rows a CTA (FlashAttention-3's head_dim-64
-# forward tile height).
+# forward tile height); auto picks it at head_dim 64 where its CTAs hold no more 64-row consumer tiles than the two-
+# consumer kernel's (within 5 %: :func:`wide_pays`). H100, bf16, forward ms, wide vs sequential, two runs
+# (benchmarks/results/h200_20261207_b/call1_bench*.log): (8, 12, 4096) 0.853 / 0.903 vs 0.939 / 0.922, (2, 12, 16384)
+# 3.258 / 3.290 vs 3.517 / 3.406; but (256, 12, 197) 0.322 / 0.325 vs 0.280 / 0.280 (6 consumer tiles a head where
+# sequential has 4), (64, 12, 577) 0.297 / 0.309 vs 0.289 / 0.305 (12 vs 10).
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide")
 
@@ -218,10 +222,17 @@ def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
+def wide_pays(seq_len: int) -> bool:
+    """Whether the three-consumer forward's 64-row consumer tiles, 3·ceil(N / 192), are at most 1.05× the two-consumer
+    kernel's, 2·ceil(N / 128): true at N = 1025, 4096, 4097, 16384; false at 197 (6 against 4) and 577 (12 against
+    10), where it measured slower (the comment at FWD_SM90)."""
+    return 3 * -(-seq_len // 192) <= 1.05 * 2 * -(-seq_len // 128)
+
+
 def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
-    head_dim 128) or ``fwd_sm90_wide`` ("wide", head_dim 64). Raises ValueError for another value, or "wide" at
+    head_dim 128) or ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`). Raises ValueError for another value, or "wide" at
     another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
@@ -229,6 +240,8 @@ def sm90_forward(ext, q: Tensor):
         if q.shape[-1] != 64:
             raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
+        return ext.fwd_sm90_wide
+    if FWD_SM90 == "auto" and q.shape[-1] == 64 and wide_pays(q.shape[-2]):
         return ext.fwd_sm90_wide
     pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)
     return ext.fwd_sm90_pingpong if pingpong else ext.fwd_sm90
