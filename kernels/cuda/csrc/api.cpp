@@ -73,8 +73,6 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   const c10::cuda::CUDAGuard guard(q.device());
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 forward has kernels for head_dim 64 and 128, got 32");
-    TORCH_CHECK_VALUE(schedule != 2 || q.size(3) == 64, "the three-consumer sm90 forward (fwd_sm90_wide) has "
-                      "kernels for head_dim 64 only, got ", q.size(3), ": use fwd_sm90 or fwd_sm90_pingpong");
     q = tma_ready(q), k = tma_ready(k), v = tma_ready(v);
   } else {
     q = aligned(q), k = aligned(k), v = aligned(v);
@@ -136,6 +134,8 @@ std::vector<at::Tensor> fwd_sm90_pingpong(at::Tensor q, at::Tensor k, at::Tensor
 
 std::vector<at::Tensor> fwd_sm90_wide(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
   check_sm90(q);
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.size(3) == 64, "the three-consumer sm90 forward (fwd_sm90_wide) has kernels "
+                    "for head_dim 64 only: use fwd_sm90 or fwd_sm90_pingpong");
   return fwd_impl(q, k, v, softmax_scale, true, 2);
 }
 
