@@ -1,0 +1,2 @@
+# Call 5 (run on the warm machine of call 4, as one command line): ViT-B/16 at 1024 px, compiled, timm + SDPA, flash and cuda.
+source .device/common.sh; BUDGET=250; phase train1024c 240 python3 -m benchmarks.train --models vit_base_patch16_1024 --eager --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 4 --out $OUT --name train1024c; finish; grep "^| vit" $OUT/train1024c.md | cut -d"|" -f2-8
