@@ -6,7 +6,7 @@ tensor-core instructions, ``ldmatrix`` from padded shared memory and ``cp.async`
 (see ``csrc/fwd.cuh`` and ``csrc/bwd.cuh``). Compute capability 9.0 (H100, H200) also has Hopper
 kernels after FlashAttention-3 (Shah et al., 2024): a forward (``csrc/fwd_sm90.cuh``: TMA loads,
 ``wgmma`` from shared memory, a producer warpgroup feeding two consumer warpgroups through
-mbarriers) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
+mbarriers, or three at head_dim 64 where N fills their 192-row tiles) and a backward on the same machinery (``csrc/bwd_sm90.cuh``), both passing the GPU tests on
 an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto`` runs each Hopper
 kernel only where it measured faster (forward and backward at head_dim 64 and 128 and N ≥ 128;
 see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md); ``VIT_CUDA_FWD_SM90``, ``VIT_CUDA_BWD_DQ`` and
