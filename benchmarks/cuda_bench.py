@@ -16,7 +16,8 @@ added once, VIT_CUDA_BWD_DQ=sum / sum-tma; head_dim 64 only), ``cuda-sm90-dqrows
 split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64 only; ``-pingpong``: its products issued
 by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward), ``cuda-sm90-wide`` (its three consumer
-warpgroups, VIT_CUDA_FWD_SM90=wide, head_dim 64, with auto's backward) and ``cuda-auto`` (the default
+warpgroups, VIT_CUDA_FWD_SM90=wide, head_dim 64, with auto's backward), ``cuda-sm90-persistent`` (its two sequential
+consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's backward) and ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
@@ -85,6 +86,9 @@ def bench_attention(skip=()):
         backends["cuda-sm90-pingpong"] = cuda_with("sm90", fwd_sm90="pingpong")
         # three consumer warpgroups in the forward (head_dim 64), with auto's backward: differs from cuda-auto in it
         backends["cuda-sm90-wide"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="wide", bwd_sm90="auto")
+        # persistent CTAs in the sequential forward, with auto's backward
+        backends["cuda-sm90-persistent"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="persistent",
+                                                     bwd_sm90="auto")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
                                                         fwd_sm90="auto", bwd_sm90="auto")

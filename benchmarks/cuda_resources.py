@@ -132,9 +132,9 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
                f"{' pingpong' if pp else ' overlap' if overlap == '1' else ''}" \
                f"{' deterministic' if splits == '1' else ''}"
         return name, smem.get(("bwd", d, int(mode), int(tma), int(pp)), 0)
-    if "fwd_sm90_kernel" in kernel:  # <dtype, D, schedule (0 sequential, 1 pingpong, 2 wide), consumers>
-        schedule, consumers = re.search(r"Li(\d)ELi(\d)", rest).groups()
-        return f"fwd_sm90 {dtype} d{d}{('', ' pingpong', ' wide')[int(schedule)]}", \
+    if "fwd_sm90_kernel" in kernel:  # <dtype, D, schedule (0 sequential, 1 pingpong, 2 wide), consumers, persistent>
+        schedule, consumers, persist = re.search(r"Li(\d)ELi(\d)ELb(\d)", rest).groups()
+        return f"fwd_sm90 {dtype} d{d}{('', ' pingpong', ' wide')[int(schedule)]}{' persistent' * (persist == '1')}", \
             smem.get(("fwd", d, int(consumers)), 0)
     if "bwd_kernel" in kernel:  # mma.sync: <dtype, D, warps, dq slices (deterministic)>
         warps, split = re.search(r"Li(\d+)ELb(\d)", rest).groups()

@@ -80,7 +80,8 @@ def test_attention_sass_uses_tensor_cores(cubins, arch):
 
 
 def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
-    """The Hopper forward, every consumer schedule. Sequential (two consumers, and at head_dim 64 also three: wide):
+    """The Hopper forward, every consumer schedule. Sequential (two consumers, also in persistent CTAs, and at head_dim
+    64 also three: wide):
     per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared memory) and 8 for O += P V (A from
     registers, B transposed). Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
     of a tile's products after one WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are
@@ -89,13 +90,13 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     All: TMA loads, mbarrier waits, setmaxnreg, no local memory."""
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
-    kinds = {"0": "sequential", "1": "pingpong", "2": "wide"}  # fwd_sm90_kernel<DTYPE, D, SCHEDULE, C>
-    for name in names:
+    kinds = {("0", "0"): "sequential", ("1", "0"): "pingpong", ("2", "0"): "wide", ("0", "1"): "persistent"}
+    for name in names:  # fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         functions = _functions(_sass(cubins[("sm_90a", name)][0]))
-        schedules = {kinds[re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi(\d)E", f).group(1)]: sass
+        schedules = {kinds[re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi(\d)ELi\dELb(\d)E", f).groups()]: sass
                      for f, sass in functions.items() if "fwd_sm90_kernel" in f}
-        expected = {"sequential", "pingpong"} | ({"wide"} if d == "64" else set())
+        expected = {"sequential", "pingpong", "persistent"} | ({"wide"} if d == "64" else set())
         assert set(schedules) == expected, f"{name}: {list(functions)}"
         suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
         ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
@@ -392,6 +393,7 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 class _Sm90Ext:
     fwd_sm90, fwd_sm90_pingpong, fwd_sm90_wide = "sequential forward", "pingpong forward", "wide forward"
+    fwd_sm90_persistent = "persistent forward"
 
 
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
@@ -409,6 +411,8 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"
     with pytest.raises(ValueError, match="wide has kernels for head_dim 64 only.*got 128"):
         ops.sm90_forward(_Sm90Ext, q128)
+    monkeypatch.setattr(ops, "FWD_SM90", "persistent")
+    assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent forward"
     monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
     with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
         ops.sm90_forward(_Sm90Ext, q128)
@@ -534,8 +538,9 @@ if ops.BWD_DQ == "auto":
     shapes = ((1, 64), (300, 64), (1, 128), (300, 128))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
+B = 96 if ops.FWD_SM90 == "persistent" else 2  # persistent: 864 Q tiles at N = 300, each CTA loops over several
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
-    q, k, v = (torch.randn(2, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(B, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v, deterministic=deterministic).sum().backward()
 torch.cuda.synchronize()
 print("finished")
@@ -549,9 +554,11 @@ print("finished")
     ("tma", "sequential", "overlap"), ("sum", "sequential", "sequential"), ("sum-tma", "sequential", "sequential"),
     ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
     ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
-    ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential")])
+    ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential"),
+    ("columns-tma", "persistent", "sequential"), ("rows-tma", "persistent", "sequential")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
-    """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers) and backward (columns: the column-split
+    """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers; persistent: one CTA an
+    SM looping over the Q tiles) and backward (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
     products in turn, ten named barriers between them, and columns-tma with it at head_dim 128; deterministic: the dq
     slices, one CTA walking every key tile, K and V reloaded through kv_empty) run to the end in a child process, so
@@ -592,7 +599,8 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
 @pytest.mark.parametrize("bwd", ["sm80", "sm90", "sm90-dqcols", "sm80-pingpong", "sm90-dqtma", "sm90-dqcols-tma",
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
-                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide"])
+                                 "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide",
+                                 "sm90-persistent"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -601,7 +609,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     summed in shared memory, added by atomics or TMA; sm90-dqrows, sm90-dqrows-tma: 128 query rows a step, dQ split by
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
-    every key tile of its (batch, head); sm90-wide: the forward's three consumers, with the default backward)."""
+    every key tile of its (batch, head); sm90-wide: the forward's three consumers, sm90-persistent: its persistent CTAs,
+    each with the default backward)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -609,7 +618,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd) and head_dim != 64:
         pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide forward are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else
-                        "wide" if bwd == "sm90-wide" else "sequential")
+                        bwd[5:] if bwd in ("sm90-wide", "sm90-persistent") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
@@ -617,7 +626,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-dqsum-tma": "sum-tma", "sm90-overlap-dqsum": "sum",
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
-                                        "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto"}.get(bwd, "atomic"))
+                                        "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto",
+                                        "sm90-persistent": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "sequential")
     deterministic = bwd == "sm90-det"
@@ -654,6 +664,23 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     scale = head_dim ** -0.5
     sequential, pingpong = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_pingpong(q, k, v, scale)
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("B, H, N", [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)])
+def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
+    """Persistent CTAs (one an SM, each looping over Q tiles c, c + CTAs, ...) do each tile's arithmetic as the
+    one-CTA-a-tile kernel does: out and lse bitwise equal, with fewer tiles than SMs, about as many, and many more
+    (1536 at (64, 12, 197): a dozen per CTA, so the K/V ring and the Q hand-off wrap many times); packed views."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    scale = head_dim ** -0.5
+    sequential, persistent = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_persistent(q, k, v, scale)
+    assert torch.equal(sequential[0], persistent[0]) and torch.equal(sequential[1], persistent[1])
 
 
 @pytest.mark.gpu

@@ -84,7 +84,9 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
 # 3.258 / 3.290 vs 3.517 / 3.406; but (256, 12, 197) 0.322 / 0.325 vs 0.280 / 0.280 (6 consumer tiles a head where
 # sequential has 4), (64, 12, 577) 0.297 / 0.309 vs 0.289 / 0.305 (12 vs 10).
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
-FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide")
+# "persistent": sequential with one CTA an SM looping over the Q tiles, as cuDNN's Hopper kernels run (built 2026-12-07,
+# not yet measured: opt-in).
+FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent")
 
 
 @functools.cache
@@ -232,7 +234,8 @@ def wide_pays(seq_len: int) -> bool:
 def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
-    head_dim 128) or ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`). Raises ValueError for another value, or "wide" at
+    head_dim 128), ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`) or
+    ``fwd_sm90_persistent`` ("persistent"). Raises ValueError for another value, or "wide" at
     another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
@@ -241,6 +244,8 @@ def sm90_forward(ext, q: Tensor):
             raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
         return ext.fwd_sm90_wide
+    if FWD_SM90 == "persistent":
+        return ext.fwd_sm90_persistent
     if FWD_SM90 == "auto" and q.shape[-1] == 64 and wide_pays(q.shape[-2]):
         return ext.fwd_sm90_wide
     pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)

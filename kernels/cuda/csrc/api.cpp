@@ -63,9 +63,10 @@ at::Tensor tma_ready(const at::Tensor &t) {
 }
 
 // sm90 = true runs the Hopper kernels (fwd_sm90.cuh; schedule: kFwdSequential, kFwdPingpong (its pipelined
-// consumers) or kFwdWide (three sequential consumers, head_dim 64)), else the mma.sync ones (fwd.cuh).
+// consumers) or kFwdWide (three sequential consumers, head_dim 64); persistent: one CTA an SM looping over the Q
+// tiles, sequential schedules only), else the mma.sync ones (fwd.cuh).
 std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90,
-                                 int schedule = 0) {
+                                 int schedule = 0, bool persistent = false) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -95,7 +96,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
 #ifdef VITK_SM90A
     if constexpr (D != 32) {
       const char *what = "";
-      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, schedule);
+      const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, schedule, persistent);
       TORCH_CHECK(err == cudaSuccess, "attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err));
     }
 #endif
@@ -137,6 +138,11 @@ std::vector<at::Tensor> fwd_sm90_wide(at::Tensor q, at::Tensor k, at::Tensor v, 
   TORCH_CHECK_VALUE(q.dim() == 4 && q.size(3) == 64, "the three-consumer sm90 forward (fwd_sm90_wide) has kernels "
                     "for head_dim 64 only: use fwd_sm90 or fwd_sm90_pingpong");
   return fwd_impl(q, k, v, softmax_scale, true, 2);
+}
+
+std::vector<at::Tensor> fwd_sm90_persistent(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
+  return fwd_impl(q, k, v, softmax_scale, true, 0, true);
 }
 
 // dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
@@ -283,6 +289,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_pingpong", &fwd_sm90_pingpong, "fwd_sm90 with pipelined consumers: each issues Q·K_jᵀ with "
         "P_{j-1}·V_{j-1} and runs the softmax under the second, the two take turns (FlashAttention-3's ping-pong): "
+        "(q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90_persistent", &fwd_sm90_persistent, "fwd_sm90 with one CTA an SM looping over the Q tiles: "
         "(q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_wide", &fwd_sm90_wide, "fwd_sm90 with three consumer warpgroups, 192 query rows a CTA (head_dim 64): "
         "(q, k, v, softmax_scale) -> [out, lse]");

@@ -24,6 +24,7 @@
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <algorithm>
 #include "common.cuh"
 #include "sm90.cuh"
 
@@ -54,6 +55,7 @@ enum : int { kFwdSequential = 0, kFwdPingpong = 1, kFwdWide = 2 };  // kFwdWide:
 
 template <int STAGES> struct FwdSm90Barriers {
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  uint64_t q_empty;  // the persistent kernels' only: the consumers are done with the Q tile
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -64,19 +66,22 @@ template <int N> __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
-// Producer: Q once, then K_j, V_j for every key tile j into stage j % kStages.
-template <typename Tr, typename T>
+// Producer of one Q tile: Q once, then K_j, V_j for every key tile j into stage (it0 + j) % kStages. `it0`: the K/V
+// ring steps of the CTA's earlier Q tiles, `local` their count (PERSIST: Q is reloaded once the consumers release the
+// previous tile's, q_empty; unsigned: S divides 2^32, so stage and parity wrap consistently).
+template <typename Tr, bool PERSIST = false, typename T>
 __device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, T *Qs, T *Ks, T *Vs,
                                                  FwdSm90Barriers<Tr::kStages> &bar, int m0, int h, int b,
-                                                 int n_blocks) {
+                                                 int n_blocks, uint32_t it0 = 0, uint32_t local = 0) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
+  if constexpr (PERSIST) mbar_wait(&bar.q_empty, (local & 1) ^ 1);
   mbar_arrive_expect_tx(&bar.q_full, Tr::kQBytes);
 #pragma unroll
   for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Qs + c * BM * 64, tm_q, &bar.q_full, 64 * c, m0, h, b);
   for (int j = 0; j < n_blocks; ++j) {
-    const int s = j % S;
-    const uint32_t parity = ((j / S) & 1) ^ 1;
+    const uint32_t s = (it0 + j) % S;
+    const uint32_t parity = (((it0 + j) / S) & 1) ^ 1;
     T *Kb = Ks + s * BN * D, *Vb = Vs + s * BN * D;
     mbar_wait(&bar.k_empty[s], parity);
     mbar_arrive_expect_tx(&bar.k_full[s], Tr::kTileBytes);
@@ -181,13 +186,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[NO], const uint32_t (&pa)[KS
   wgmma_commit();
 }
 
-// Consumer warpgroup `w` of C: rows m0 + 64w .. m0 + 64w + 63 of the Q tile.
-template <int DTYPE, int D, int C>
+// Consumer warpgroup `w` of C: rows m0 + 64w .. m0 + 64w + 63 of the Q tile; `it0`, `local`: as the producer's
+// (PERSIST: release the Q tile, q_empty, once its last products are done, before the epilogue).
+template <int DTYPE, int D, int C, bool PERSIST = false>
 __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs,
                                                  FwdSm90Barriers<FwdSm90Traits<D, C>::kStages> &bar, int w, int tid,
-                                                 int m0, int h, int b, int n_blocks) {
+                                                 int m0, int h, int b, int n_blocks, uint32_t it0 = 0,
+                                                 uint32_t local = 0) {
   using T = typename Elem<DTYPE>::T;
   using Tr = FwdSm90Traits<D, C>;
   constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
@@ -200,10 +207,10 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
   uint32_t pa[NS / 8][4];
 
-  mbar_wait(&bar.q_full, 0);
+  mbar_wait(&bar.q_full, local & 1);
   for (int j = 0; j < n_blocks; ++j) {
-    const int st = j % S;
-    const uint32_t parity = (j / S) & 1;
+    const uint32_t st = (it0 + j) % S;
+    const uint32_t parity = ((it0 + j) / S) & 1;
     const T *Kb = Ks + st * BN * D, *Vb = Vs + st * BN * D;
     float s[NS] = {};  // fresh each tile: kept across the loop it would stay live through P·V
     mbar_wait(&bar.k_full[st], parity);
@@ -229,6 +236,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
     mbar_arrive(&bar.k_empty[st]);
     mbar_arrive(&bar.v_empty[st]);
   }
+  if constexpr (PERSIST) mbar_arrive(&bar.q_empty);
 
   fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
 }
@@ -328,7 +336,26 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, int SCHEDULE, int C = SCHEDULE == kFwdWide ? 3 : 2>
+// Persistent CTAs (PERSIST, the two sequential consumers): gridDim.x CTAs, CTA c runs Q tiles c, c + gridDim.x, ... in the order
+// of the one-CTA-a-tile grid (m blocks fastest, then heads, then batches), so that the CTAs at work at once share heads'
+// K/V in L2, and each tile's epilogue runs while the producer loads the next tile's Q, K and V (cuDNN's Hopper kernels
+// run one persistent CTA an SM: benchmarks/results/h100_20261207.md).
+// PRODUCER: the producer thread's loop, else consumer warpgroup w's; called apart, each after its setmaxnreg (a loop
+// that branches on the warpgroup inside makes ptxas ignore setmaxnreg: C7507).
+template <typename Tr, int DTYPE, int D, int C, bool PRODUCER, typename T>
+__device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
+                                                 const CUtensorMap *tm_v, const FwdParams &p, T *Qs, T *Ks, T *Vs,
+                                                 FwdSm90Barriers<Tr::kStages> &bar, int w, int tid, int n_blocks) {
+  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM, tiles = m_blocks * p.H * p.B;  // < 2^31: the launcher
+  uint32_t it = 0, local = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it += n_blocks, ++local) {
+    const int m0 = tile % m_blocks * Tr::kBlockM, h = tile / m_blocks % p.H, b = tile / m_blocks / p.H;
+    if constexpr (PRODUCER) fwd_sm90_produce<Tr, true>(tm_q, tm_k, tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks, it, local);
+    else fwd_sm90_consume<DTYPE, D, C, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local);
+  }
+}
+
+template <int DTYPE, int D, int SCHEDULE, int C = SCHEDULE == kFwdWide ? 3 : 2, bool PERSIST = false>
 __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -353,10 +380,20 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
       mbar_init(&bar.k_empty[s], 128 * Tr::kConsumers);
       mbar_init(&bar.v_empty[s], 128 * Tr::kConsumers);
     }
+    if constexpr (PERSIST) mbar_init(&bar.q_empty, 128 * Tr::kConsumers);
     mbar_fence_init();
   }
   __syncthreads();
-  if (wg == 0) {
+  static_assert(!PERSIST || SCHEDULE == kFwdSequential, "persistent CTAs: the two sequential consumers only");
+  if constexpr (PERSIST) {
+    if (wg == 0) {
+      setmaxnreg_dec<Tr::kProducerRegs>();
+      if (tid == 0) fwd_sm90_persist<Tr, DTYPE, D, C, true>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, 0, tid, n_blocks);
+    } else {
+      setmaxnreg_inc<Tr::kConsumerRegs>();
+      fwd_sm90_persist<Tr, DTYPE, D, C, false>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, wg - 1, tid, n_blocks);
+    }
+  } else if (wg == 0) {
     setmaxnreg_dec<Tr::kProducerRegs>();
     if (tid == 0) fwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks);
   } else {
@@ -412,9 +449,20 @@ inline bool encode_dq_tensor_map(CUtensorMap *map, float *ptr, int B, int H, int
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int DTYPE, int D, int SCHEDULE>
+// Streaming multiprocessors of the current device, read once per device.
+inline int sm_count() {
+  static int counts[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (counts[dev] == 0 && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    counts[dev] = 132;
+  return counts[dev];
+}
+
+template <int DTYPE, int D, int SCHEDULE, bool PERSIST = false>
 cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
-  using Tr = FwdSm90Traits<D, SCHEDULE == kFwdWide ? 3 : 2>;
+  constexpr int C = SCHEDULE == kFwdWide ? 3 : 2;
+  using Tr = FwdSm90Traits<D, C>;
   CUtensorMap tm_q, tm_k, tm_v;
   const bool bf16 = DTYPE == kBFloat16;
   *what = "cuTensorMapEncodeTiled (q, k or v: strides must be multiples of 16 bytes)";
@@ -423,25 +471,39 @@ cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char 
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16))
     return cudaErrorInvalidValue;
   *what = "setting the sm90 forward's shared memory size";
-  const cudaError_t err = set_smem_once<fwd_sm90_kernel<DTYPE, D, SCHEDULE>>(Tr::kSmemBytes);
+  const cudaError_t err = set_smem_once<fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   *what = "the sm90 forward launch";
-  dim3 grid((p.N + Tr::kBlockM - 1) / Tr::kBlockM, p.H, p.B);
-  fwd_sm90_kernel<DTYPE, D, SCHEDULE><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
+  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM;
+  dim3 grid(m_blocks, p.H, p.B);
+  if constexpr (PERSIST) {
+    const int64_t tiles = (int64_t)m_blocks * p.H * p.B;
+    *what = "the persistent sm90 forward (at most 2^31 - 1 Q tiles of B x H x N)";
+    if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+    grid = dim3((unsigned)std::min<int64_t>(tiles, sm_count()));
+    *what = "the sm90 forward launch";
+  }
+  fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
   return cudaGetLastError();
 }
 
-// `schedule`: kFwdSequential, kFwdPingpong or kFwdWide (head_dim 64 only; a clear error at 128).
+// `schedule`: kFwdSequential, kFwdPingpong or kFwdWide (head_dim 64 only; an error at 128); `persistent`: one CTA an
+// SM looping over the Q tiles (kFwdSequential only: with three consumers, capped at 128 registers by its 512 threads,
+// ptxas 13.0 spilled 24-68 bytes in the key loop; an error with the others).
 template <int DTYPE, int D>
-cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule) {
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule, bool persistent) {
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
     return cudaErrorNotSupported;
   }
-  if (schedule == kFwdPingpong) return launch_fwd_sm90<DTYPE, D, kFwdPingpong>(p, stream, what);
-  if (schedule != kFwdWide) return launch_fwd_sm90<DTYPE, D, kFwdSequential>(p, stream, what);
-  if constexpr (D == 64) return launch_fwd_sm90<DTYPE, D, kFwdWide>(p, stream, what);
-  *what = "the three-consumer sm90 forward (head_dim 64 only)";
+  if (schedule == kFwdPingpong && !persistent) return launch_fwd_sm90<DTYPE, D, kFwdPingpong>(p, stream, what);
+  if (schedule == kFwdSequential)
+    return persistent ? launch_fwd_sm90<DTYPE, D, kFwdSequential, true>(p, stream, what)
+                      : launch_fwd_sm90<DTYPE, D, kFwdSequential>(p, stream, what);
+  if constexpr (D == 64) {
+    if (schedule == kFwdWide && !persistent) return launch_fwd_sm90<DTYPE, D, kFwdWide>(p, stream, what);
+  }
+  *what = "this sm90 forward schedule (wide: head_dim 64 only; persistent: sequential only)";
   return cudaErrorInvalidValue;
 }
 
@@ -449,4 +511,4 @@ cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **w
 
 #define VITK_INSTANTIATE_FWD_SM90(DTYPE, D)                                                    \
   template cudaError_t vitk::run_fwd_sm90<vitk::DTYPE, D>(const vitk::FwdParams &, cudaStream_t, \
-                                                          const char **, int);
+                                                          const char **, int, bool);

@@ -46,9 +46,9 @@ template <int DTYPE, int D> int bwd_split_ctas_per_sm(int bwd_warps);
 // Hopper forward and backward (fwd_sm90.cuh, bwd_sm90.cuh; only in builds for sm_90a): head_dim 64 or 128. On failure `*what`
 // names the step that failed.
 // schedule: 0 sequential, 1 pingpong (pipelined consumers: FlashAttention-3's ping-pong and intra-warpgroup overlap),
-// 2 wide (three sequential consumers, head_dim 64 only).
+// 2 wide (three sequential consumers, head_dim 64 only); persistent: one CTA an SM looping over the Q tiles (0 and 2).
 template <int DTYPE, int D>
-cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule);
+cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule, bool persistent);
 // Which bwd_sm90.cuh kernel runs: dq_cols its kDqCols dQ (head_dim 128 only), dq_sum its kDqSum (head_dim 64 only),
 // dq_rows its kDqRows (128 query rows a step; head_dim 64 only), dq_tma its DQ_TMA, overlap its OVERLAP consumer
 // (head_dim 64 only, not with dq_rows); elsewhere cudaErrorInvalidValue.
