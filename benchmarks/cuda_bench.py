@@ -17,7 +17,9 @@ split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64
 by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward), ``cuda-sm90-wide`` (its three consumer
 warpgroups, VIT_CUDA_FWD_SM90=wide, head_dim 64, with auto's backward), ``cuda-sm90-persistent`` (its two sequential
-consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's backward) and ``cuda-auto`` (the default
+consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's backward), ``cuda-sm90-bwd-persistent``
+(the backward's sequential consumers in CTAs walking key tiles, VIT_CUDA_BWD_SM90=persistent, with auto's forward) and
+``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
@@ -89,6 +91,9 @@ def bench_attention(skip=()):
         # persistent CTAs in the sequential forward, with auto's backward
         backends["cuda-sm90-persistent"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="persistent",
                                                      bwd_sm90="auto")
+        # the backward's CTAs walking key tiles (ops.sm90_key_ctas), with auto's forward
+        backends["cuda-sm90-bwd-persistent"] = cuda_with("sm90", "sm90", bwd_dq="auto", fwd_sm90="auto",
+                                                         bwd_sm90="persistent")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
                                                         fwd_sm90="auto", bwd_sm90="auto")

@@ -126,11 +126,11 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
         return f"{unit}: {kernel[:40]}", 0
     dtype, d, rest = "bf16" if args.group(1) == "1" else "fp16", int(args.group(2)), args.group(3)
     if "bwd_sm90_kernel" in kernel:
-        mode, tma, overlap, splits = re.search(r"Li(\d)ELb(\d)ELb(\d)ELb(\d)", rest).groups()
+        mode, tma, overlap, splits, walk = re.search(r"Li(\d)ELb(\d)ELb(\d)ELb(\d)(?:ELb(\d))?", rest).groups()
         pp = mode in ("1", "3") and overlap == "1"  # OVERLAP with a split dQ: the ping-pong consumer
         name = f"bwd_sm90 {dtype} d{d} dQ {DQ_MODES[mode]}{' tma' if tma == '1' else ''}" \
                f"{' pingpong' if pp else ' overlap' if overlap == '1' else ''}" \
-               f"{' deterministic' if splits == '1' else ''}"
+               f"{' deterministic' if splits == '1' else ''}{' persistent' if walk == '1' else ''}"
         return name, smem.get(("bwd", d, int(mode), int(tma), int(pp)), 0)
     if "fwd_sm90_kernel" in kernel:  # <dtype, D, schedule (0 sequential, 1 pingpong, 2 wide), consumers, persistent>
         schedule, consumers, persist = re.search(r"Li(\d)ELi(\d)ELb(\d)", rest).groups()

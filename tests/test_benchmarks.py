@@ -429,6 +429,8 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     assert res.describe("bwd_hdim64_fp16", sm80, smem) == ("bwd fp16 d64 8 warps deterministic", 93184)
     pp = sm90.replace("Li3ELb1ELb0", "Li3ELb1ELb1")  # OVERLAP with the row split: the ping-pong consumer
     assert res.describe("bwd_sm90_hdim64_bf16", pp, smem) == ("bwd_sm90 bf16 d64 dQ rows tma pingpong", 199680)
+    walk = sm90.replace("ELb0ELb0EEEv", "ELb0ELb0ELb1EEEv")  # PERSIST: the key-tile walk, its twin's smem
+    assert res.describe("bwd_sm90_hdim64_bf16", walk, smem) == ("bwd_sm90 bf16 d64 dQ rows tma persistent", 166912)
     det = sm90.replace("ELb0ELb0EEEv", "ELb0ELb1EEEv")  # SPLITS: the deterministic kernel (dq slices), its twin's smem
     assert res.describe("bwd_sm90_hdim64_bf16", det, smem) == ("bwd_sm90 bf16 d64 dQ rows tma deterministic", 166912)
     cols = sm90.replace("Li64ELi3ELb1ELb0", "Li128ELi1ELb1ELb1")

@@ -156,14 +156,16 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
         d, ty = re.match(r"bwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         d = int(d)
         kernels = {k: v for k, v in _functions(_sass(cubins[("sm_90a", name)][0])).items() if "bwd_sm90_kernel" in k}
-        # (cols, tma); (sum, tma, overlap), rows; pp; slices
-        assert len(kernels) == (6 if d == 128 else 12), (name, list(kernels))
+        # (cols, tma); (sum, tma, overlap), rows; pp; slices; the key-tile walk (persistent)
+        assert len(kernels) == (7 if d == 128 else 13), (name, list(kernels))
         mma = r"HGMMA\.64x{}x16\.F32" + (r"\.BF16" if ty == "bf16" else "")
         atomics = {}
         for kernel, sass in kernels.items():
-            mode, tma, overlap, splits = re.search(r"ELi(\d)ELb(\d)ELb(\d)ELb(\d)EE", kernel).groups()
+            mode, tma, overlap, splits, walk = re.search(r"ELi(\d)ELb(\d)ELb(\d)ELb(\d)ELb(\d)EE", kernel).groups()
             cols, summed, rows, tma, overlap = mode == "1", mode == "2", mode == "3", tma == "1", overlap == "1"
             assert ("CCTL.IVALL" in sass) == (splits == "1"), f"{kernel}: the slices' full wait for their reduce-adds"
+            if walk == "1":
+                assert tma and (rows if d == 64 else cols) and not overlap and splits == "0", kernel
             pp = (rows or cols) and overlap  # the ping-pong consumer: its first step and last dQ peeled, twice the code
             copies = 2 if pp else 1
             if summed:
@@ -538,7 +540,7 @@ if ops.BWD_DQ == "auto":
     shapes = ((1, 64), (300, 64), (1, 128), (300, 128))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
-B = 96 if ops.FWD_SM90 == "persistent" else 2  # persistent: 864 Q tiles at N = 300, each CTA loops over several
+B = 96 if "persistent" in (ops.FWD_SM90, ops.BWD_SM90) else 2  # persistent: 864 tiles at N = 300, each CTA walks several
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(B, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v, deterministic=deterministic).sum().backward()
@@ -555,10 +557,12 @@ print("finished")
     ("sum", "sequential", "overlap"), ("sum-tma", "sequential", "overlap"), ("rows", "sequential", "sequential"),
     ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
     ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential"),
-    ("columns-tma", "persistent", "sequential"), ("rows-tma", "persistent", "sequential")])
+    ("columns-tma", "persistent", "sequential"), ("rows-tma", "persistent", "sequential"),
+    ("rows-tma", "sequential", "persistent"), ("columns-tma", "sequential", "persistent")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers; persistent: one CTA an
-    SM looping over the Q tiles) and backward (columns: the column-split
+    SM looping over the Q tiles) and backward (persistent: one CTA an SM walking the key tiles, K and V reloaded through
+    kv_empty) (columns: the column-split
     dQ; tma, columns-tma: dQ by TMA reduce-add; overlap: Pᵀ under dPᵀ's wgmma; rows-tma with pingpong: the consumers'
     products in turn, ten named barriers between them, and columns-tma with it at head_dim 128; deterministic: the dq
     slices, one CTA walking every key tile, K and V reloaded through kv_empty) run to the end in a child process, so
@@ -600,7 +604,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
                                  "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide",
-                                 "sm90-persistent"])
+                                 "sm90-persistent", "sm90-persistent-bwd"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -610,7 +614,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
     every key tile of its (batch, head); sm90-wide: the forward's three consumers, sm90-persistent: its persistent CTAs,
-    each with the default backward)."""
+    each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -627,9 +631,10 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
                                         "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto",
-                                        "sm90-persistent": "auto"}.get(bwd, "atomic"))
+                                        "sm90-persistent": "auto", "sm90-persistent-bwd": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
-                        "pingpong" if bwd.endswith("-pp") else "sequential")
+                        "pingpong" if bwd.endswith("-pp") else "persistent" if bwd == "sm90-persistent-bwd" else
+                        "sequential")
     deterministic = bwd == "sm90-det"
     if deterministic:
         monkeypatch.setattr(ops, "BWD_DQ", "auto")
@@ -664,6 +669,31 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     scale = head_dim ** -0.5
     sequential, pingpong = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_pingpong(q, k, v, scale)
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("B, H, N", [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)])
+def test_sm90_persistent_backward_matches_one_cta_a_tile(B, H, N, head_dim):
+    """CTAs walking the key tiles of their (batch, head) (one CTA walking all of them, and ops.sm90_key_ctas' count; K
+    and V reloaded through kv_empty, the Q/dO ring counted on across tiles): dk and dv bitwise the one-CTA-a-tile
+    kernel's (same arithmetic per key tile), dq equal up to the order of its float32 reduce-adds; into a packed
+    gradient, as the ViT's."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    scale = head_dim ** -0.5
+    out, lse = ext.fwd_sm90(q, k, v, scale)
+    do = torch.randn_like(out)
+    mode = {"dq_rows": True} if head_dim == 64 else {"dq_cols": True}
+    dq0, dk0, dv0 = ext.bwd_sm90(do, q, k, v, out, lse, scale, torch.empty_like(qkv), *_sm90_flags(**mode, dq_tma=True))
+    for key_ctas in sorted({1, ops.sm90_key_ctas(q)}):
+        dq1, dk1, dv1 = ext.bwd_sm90(do, q, k, v, out, lse, scale, torch.empty_like(qkv),
+                                     *_sm90_flags(**mode, dq_tma=True, key_ctas=key_ctas))
+        assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), key_ctas
+        torch.testing.assert_close(dq1.float(), dq0.float(), rtol=2e-2, atol=2e-2 * dq0.float().abs().max().item())
 
 
 @pytest.mark.gpu
@@ -726,9 +756,10 @@ def test_sm90_forward_refuses_a_head_dim_it_has_no_kernel_for(fn, head_dim, mess
         f"rc {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-2000:]}"
 
 
-def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False, dq_splits=0) -> tuple:
+def _sm90_flags(dq_cols=False, dq_sum=False, dq_rows=False, dq_tma=False, overlap=False, key_ctas=0,
+                dq_splits=0) -> tuple:
     """The extension's bwd_sm90 kernel flags, in its argument order."""
-    return dq_cols, dq_sum, dq_rows, dq_tma, overlap, dq_splits
+    return dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas, dq_splits
 
 
 def _sm90_backward_twice(N, first: dict, second: dict, head_dim: int = 64):
@@ -1135,6 +1166,26 @@ def test_backward_splits_follow_the_backward_that_runs(monkeypatch):
     assert ops.sm90_dq_splits(torch.empty(1, 1, 1 << 20, 128, device="meta")) == 2  # 512 MiB a slice: 2 fit
     monkeypatch.setattr(ops, "bwd_path", lambda q: "sm80")
     assert ops.backward_splits(q, True) == ops.dq_splits(q, ops.BWD_WARPS) == 10
+
+
+def test_persistent_backward_key_ctas_and_modes(monkeypatch):
+    """VIT_CUDA_BWD_SM90=persistent: CTAs per (batch, head) by the slices' wave rule without their memory cap (132 SMs:
+    (256, 12, 197) 1, each walking both key tiles; (8, 12, 4096) 4, three waves of 8 tiles; one (batch, head) of a
+    million keys: 119 CTAs of 69 tiles, the fewest within 10 % of 132 CTAs' 63), with the auto dQ modes only."""
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cases = {(256, 12, 197): 1, (8, 12, 4096): 4, (1, 1, 1 << 20): 119, (1, 1, 1): 1}
+    for (B, H, N), want in cases.items():
+        assert ops.sm90_key_ctas(torch.empty(B, H, N, 64, device="meta")) == want, (B, H, N)
+    q64 = torch.empty(1, 1, 4096, 64, device="meta")
+    monkeypatch.setattr(ops, "BWD_SM90", "persistent")
+    assert ops.sm90_bwd_options(q64) == (False, False, True, True, False)  # rows-tma, sequential
+    monkeypatch.setattr(ops, "BWD_DQ", "sum-tma")
+    with pytest.raises(ValueError, match="persistent has kernels for VIT_CUDA_BWD_DQ=rows-tma"):
+        ops.sm90_bwd_options(q64)
+    monkeypatch.setattr(ops, "BWD_DQ", "auto")
+    with pytest.raises(ValueError, match="deterministic Hopper backward"):
+        ops.sm90_bwd_options(q64, deterministic=True)
 
 
 @pytest.mark.gpu

@@ -71,8 +71,10 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # 4.017 / 3.953 vs 4.132 / 4.074, (2, 12, 16384) 15.207 / 15.075 vs 15.296 / 15.278, (64, 12, 577) 1.059 / 1.162 vs
 # 1.168 / 1.091, (256, 12, 197) 1.093 / 1.062 vs 1.033 / 0.988; ViT-B/16 training at 1024 px (N = 4097, d = 64),
 # batch 8, vs timm + SDPA: eager +3.6 % vs +4.0 %, compiled -0.4 % vs -0.8 % (call2b, call3): at 64 no clear gain.
+# "persistent" (rows-tma at head_dim 64, columns-tma at 128): the sequential consumers in fewer CTAs, each walking key
+# tiles of its (batch, head) (sm90_key_ctas counts them; built 2026-12-07, not yet run on a GPU: opt-in).
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
-BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong")
+BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
 # (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
 # sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
@@ -184,6 +186,15 @@ def sm90_dq_splits(q: Tensor) -> int:
     return _wave_splits(q, 128, 1)
 
 
+def sm90_key_ctas(q: Tensor) -> int:
+    """VIT_CUDA_BWD_SM90=persistent's CTAs per (batch, head) for ``q`` (B, H, N, d) on its GPU, each walking key tiles
+    j, j + c, ... of 128 keys: :func:`splits_for`'s count (whole waves of one CTA an SM, the fewest CTAs within 10 % of
+    the best), without the slices' memory cap (they share one dq_accum)."""
+    B, H, N, d = q.shape
+    tiles = -(-N // 128)
+    return splits_for(B * H, tiles, _sm_count(_index(q.device)), tiles)
+
+
 def _wave_splits(q: Tensor, tile_keys: int, ctas_per_sm: int) -> int:
     """:func:`splits_for` on ``q``'s GPU, for key tiles of ``tile_keys`` keys, ``ctas_per_sm`` CTAs on each SM and at
     most DQ_SPLITS_BYTES of slices."""
@@ -271,7 +282,8 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
     """The backward under the path rules; ``dqkv``: None, or a packed gradient to write dq, dk, dv into."""
     if bwd_path(q) == "sm90":
         options = sm90_bwd_options(q, deterministic=dq_splits > 0)
-        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *options, dq_splits)
+        key_ctas = sm90_key_ctas(q) if BWD_SM90 == "persistent" else 0
+        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *options, key_ctas, dq_splits)
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
@@ -280,8 +292,10 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
     "rows", "rows-tma" (64); "auto": columns-tma at head_dim 128, rows-tma at 64) and ``BWD_SM90`` (env
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
-    columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "auto": pingpong with columns-tma at
-    head_dim 128, else sequential).
+    columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "persistent" (the sequential consumer in
+    CTAs walking key tiles, the extension's key_ctas (:func:`sm90_key_ctas`); rows-tma at 64, columns-tma at 128),
+    "auto": pingpong with
+    columns-tma at head_dim 128, else sequential).
     ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them (auto
     picks it then).
 
@@ -311,8 +325,8 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     if BWD_SM90 == "overlap" and (head_dim != 64 or rows):
         raise ValueError(f"VIT_CUDA_BWD_SM90=overlap has a kernel for head_dim 64 with 64 query rows a step, got "
                          f"head_dim {head_dim} and VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
-    if BWD_SM90 == "pingpong" and mode not in ("rows-tma", "columns-tma"):
-        raise ValueError(f"VIT_CUDA_BWD_SM90=pingpong has kernels for VIT_CUDA_BWD_DQ=rows-tma (head_dim 64) and "
+    if BWD_SM90 in ("pingpong", "persistent") and mode not in ("rows-tma", "columns-tma"):
+        raise ValueError(f"VIT_CUDA_BWD_SM90={BWD_SM90} has kernels for VIT_CUDA_BWD_DQ=rows-tma (head_dim 64) and "
                          f"columns-tma (128), the auto modes there; got VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
     auto_pingpong = BWD_SM90 == "auto" and mode == "columns-tma" and not deterministic
     return cols, summed, rows, mode.endswith("tma"), BWD_SM90 in ("overlap", "pingpong") or auto_pingpong

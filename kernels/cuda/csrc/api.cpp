@@ -165,12 +165,13 @@ std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at
 }
 
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;
-// sm90_opt which of its kernels (params.h); dq_splits > 0 (bwd.cuh, bwd_sm90.cuh) the deterministic mode;
+// sm90_opt which of its kernels (params.h); dq_splits > 0 (bwd.cuh, bwd_sm90.cuh) the deterministic mode; key_ctas > 0
+// (bwd_sm90.cuh, with sm90_opt.persistent) CTAs per (batch, head) walking its key tiles;
 // dqkv: write into a packed gradient (grad_outputs).
 std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, int64_t bwd_warps, bool sm90,
                                  const vitk::BwdSm90Options &sm90_opt, int64_t dq_splits,
-                                 const std::optional<at::Tensor> &dqkv) {
+                                 const std::optional<at::Tensor> &dqkv, int64_t key_ctas = 0) {
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
@@ -224,6 +225,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
   p.bwd_warps = static_cast<int>(bwd_warps);
   p.dq_splits = static_cast<int>(dq_splits);
+  p.key_ctas = static_cast<int>(key_ctas);
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   dispatch(q.scalar_type(), d, [&](auto dt, auto hd) {
     constexpr int DT = decltype(dt)::value, D = decltype(hd)::value;
@@ -247,10 +249,15 @@ std::vector<at::Tensor> bwd(at::Tensor dout, at::Tensor q, at::Tensor k, at::Ten
 
 std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor out,
                                  at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv, bool dq_cols,
-                                 bool dq_sum, bool dq_rows, bool dq_tma, bool overlap, int64_t dq_splits) {
+                                 bool dq_sum, bool dq_rows, bool dq_tma, bool overlap, int64_t key_ctas,
+                                 int64_t dq_splits) {
   check_sm90(q);
-  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true, {dq_cols, dq_sum, dq_rows, dq_tma, overlap},
-                  dq_splits, dqkv);
+  TORCH_CHECK_VALUE(key_ctas == 0 || (key_ctas > 0 && key_ctas <= (q.size(2) + 127) / 128 && dq_splits == 0 &&
+                                      dq_tma && !overlap && (q.size(3) == 64 ? dq_rows : dq_cols)),
+                    "the sm90 backward's key-tile walk (key_ctas > 0) has kernels for rows-tma at head_dim 64 and "
+                    "columns-tma at 128, with the sequential consumer, dq_splits = 0 and key_ctas in 1..key tiles of 128");
+  return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true,
+                  {dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas > 0}, dq_splits, dqkv, key_ctas);
 }
 
 // CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
@@ -305,11 +312,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd_split_ctas_per_sm", &bwd_split_ctas_per_sm, "CTAs of the deterministic mma.sync backward (dq_splits > 0) "
         "that one SM holds at once: (bf16, head_dim, bwd_warps, device) -> int");
   m.def("bwd_sm90", &bwd_sm90, "attention backward, wgmma + TMA (sm_90a): (dout, q, k, v, out, lse, softmax_scale, "
-        "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap, dq_splits) -> [dq, dk, dv]; dq_cols: dQ split by columns across "
+        "dqkv, dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas, dq_splits) -> [dq, dk, dv]; dq_cols: dQ split by "
+        "columns across "
         "the consumers (head_dim 128), dq_sum: the consumers' dQ summed in shared memory and added once (head_dim "
         "64), dq_rows: 128 query rows a step, dQ split by rows across the consumers (head_dim 64), dq_tma: dQ "
         "added by TMA reduce-add instead of atomics, overlap: Pᵀ's exponentials under dPᵀ's wgmma (head_dim 64; "
-        "with dq_rows or dq_cols and dq_tma the ping-pong consumer), dq_splits > 0: deterministic (CTA j of a "
+        "with dq_rows or dq_cols and dq_tma the ping-pong consumer), key_ctas > 0: that many CTAs per (batch, head), "
+        "CTA j walking key tiles j, j + key_ctas, ... (dq_rows at head_dim 64, dq_cols at 128, with dq_tma, "
+        "sequential; 0: one CTA per key tile), dq_splits > 0: deterministic (CTA j of a "
         "(batch, head) walks key tiles j, j + dq_splits, ... into dq slice j; dq_rows at head_dim 64, dq_cols at "
         "128, with dq_tma, sequential)");
   m.def("vector_add", &vector_add, "c = a + b, float32");

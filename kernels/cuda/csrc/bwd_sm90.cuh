@@ -393,8 +393,9 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
 // One key tile (n0..n0 + 127) of the sequential consumer w; `tile` as bwd_sm90_produce's. SPLITS (the deterministic
 // mode, with DQ_TMA and a split dQ): dQ into this CTA's own dq_accum slice, and at the tile's end K, V released to the
 // producer and this warpgroup's reduce-adds waited for until they are done (not only read), so the next tile's adds
-// to the same rows come after them: each slice element sums its key tiles in one order every run.
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
+// to the same rows come after them: each slice element sums its key tiles in one order every run. PERSIST (CTAs walking
+// key tiles, with DQ_TMA): K, V released at the tile's end too, dQ into the one dq_accum.
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false, bool PERSIST = false>
 __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *dOs, typename Elem<DTYPE>::T *dSs,
@@ -409,6 +410,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
   static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
+  static_assert(!PERSIST || (DQ_TMA && !OVERLAP && !SPLITS), "persistent CTAs: the sequential consumer, TMA dQ");
   constexpr int NQ = DQ_COLS ? 32 : NO;  // dQ accumulator: 64 x 64 (DQ_COLS, DQ_ROWS at head_dim 64) or 64 x D
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
@@ -514,7 +516,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     }
   }
 
-  if constexpr (SPLITS) mbar_arrive(&bar.kv_empty);  // the last dQ product has read K
+  if constexpr (SPLITS || PERSIST) mbar_arrive(&bar.kv_empty);  // the last dQ product has read K
   bwd_sm90_store_dkdv<DTYPE>(p, dk, dv, key, t, h, b);
   if constexpr (SPLITS) {
     if (warpgroup_leader()) bulk_wait<0>();  // this tile's reduce-adds are done, before the next tile's are issued
@@ -662,8 +664,12 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid (key tiles, H, B): one 128-key tile per CTA. SPLITS (p.dq_splits = s > 0, the deterministic mode): grid
-// (s, H, B), CTA j walks key tiles j, j + s, ... with dQ into dq_accum slice j (bwd_sm90_consume).
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
+// (s, H, B), CTA j walks key tiles j, j + s, ... with dQ into dq_accum slice j (bwd_sm90_consume). PERSIST
+// (VIT_CUDA_BWD_SM90=persistent): grid (p.key_ctas, H, B), the same walk with dQ into the one dq_accum, so that a
+// tile's last step and dK/dV stores run while the next tile's first Q/dO stages load, and fewer CTAs start and drain
+// (cuDNN's Hopper backward runs one persistent CTA an SM: benchmarks/results/h100_20261207.md). The head and batch
+// stay the grid's: a walk over (key tile, head, batch) held them in registers and spilled (ptxas 13.0, 8-24 bytes).
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false, bool PERSIST = false>
 __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_do,
@@ -689,8 +695,10 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   const auto m_blocks = [&p] { return (p.N + Tr::kBlockM - 1) / Tr::kBlockM; };
   // SPLITS: f(n, j) for this CTA's key tiles n = n0, n0 + s·128, ..., j the tiles before it (producer and consumers
   // walk the same ones)
+  // SPLITS (PERSIST): f(n, j) for this CTA's key tiles n = n0, n0 + s·128 (key_ctas·128), ..., j the tiles before it
+  // (producer and consumers walk the same ones)
   const auto each_tile = [&p, n0](auto &&f) {
-    for (int n = n0, j = 0; n < p.N; n += p.dq_splits * Tr::kBlockN, ++j) f(n, j);
+    for (int n = n0, j = 0; n < p.N; n += (PERSIST ? p.key_ctas : p.dq_splits) * Tr::kBlockN, ++j) f(n, j);
   };
   if (threadIdx.x == 0) {
     tma_prefetch_descriptor(&tm_q), tma_prefetch_descriptor(&tm_k);
@@ -707,7 +715,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   __syncthreads();
   if (wg == 0) {
     setmaxnreg_dec<V::kProducerRegs>();
-    if constexpr (SPLITS) {
+    if constexpr (SPLITS || PERSIST) {
       if (tid == 0)
         each_tile([&](int n, int j) {
           bwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, &tm_do, Ks, Vs, Qs, dOs, bar, n, h, b, m_blocks(), j);
@@ -717,7 +725,12 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
     }
   } else {
     setmaxnreg_inc<V::kConsumerRegs>();
-    if constexpr (SPLITS)
+    if constexpr (PERSIST)
+      each_tile([&](int n, int j) {
+        bwd_sm90_consume<DTYPE, D, DQ, true, false, false, true>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1,
+                                                                 tid, n, h, b, m_blocks(), j);
+      });
+    else if constexpr (SPLITS)
       each_tile([&](int n, int j) {
         bwd_sm90_consume<DTYPE, D, DQ, true, false, true>(p, Ks, Vs, Qs, dOs, dSs, dQs, lsd, &tm_dq, bar, wg - 1, tid,
                                                           n, h, b, m_blocks(), j);
@@ -733,19 +746,19 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
 #endif
 }
 
-template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false>
+template <int DTYPE, int D, int DQ, bool DQ_TMA, bool OVERLAP, bool SPLITS = false, bool PERSIST = false>
 cudaError_t launch_bwd_sm90(const CUtensorMap (&tm)[5], const BwdParams &p, cudaStream_t stream, const char **what) {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   constexpr int smem = BwdSm90Variant<D, DQ, DQ_TMA, OVERLAP && (DQ == kDqRows || DQ == kDqCols)>::kSmemBytes;
   // ops.sm90_dq_splits counts one CTA per SM for the slices: true while one takes over half of the 228 KiB
-  static_assert(!SPLITS || 2 * smem > 228 * 1024, "dq slices: the SM count is the CTAs a wave holds");
+  static_assert(!(SPLITS || PERSIST) || 2 * smem > 228 * 1024, "dq slices, persistent CTAs: one CTA an SM");
   *what = "setting the sm90 backward's shared memory size";
-  cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS>>(smem);
+  cudaError_t err = set_smem_once<bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS, PERSIST>>(smem);
   if (err != cudaSuccess) return err;
   *what = "the sm90 backward launch";
-  dim3 grid(SPLITS ? p.dq_splits : (p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
-  bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS><<<grid, Tr::kThreads, smem, stream>>>(tm[0], tm[1], tm[2],
-                                                                                               tm[3], tm[4], p);
+  dim3 grid(SPLITS ? p.dq_splits : PERSIST ? p.key_ctas : (p.N + Tr::kBlockN - 1) / Tr::kBlockN, p.H, p.B);
+  bwd_sm90_kernel<DTYPE, D, DQ, DQ_TMA, OVERLAP, SPLITS, PERSIST><<<grid, Tr::kThreads, smem, stream>>>(
+      tm[0], tm[1], tm[2], tm[3], tm[4], p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   *what = "the backward's dq kernel";
@@ -788,6 +801,12 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
     *what = "the deterministic sm90 backward (dq slices: rows-tma at head_dim 64, columns-tma at 128, sequential)";
     return cudaErrorInvalidValue;
   }
+  if (opt.persistent && (splits || (D == 64 ? !opt.dq_rows : !opt.dq_cols) || !opt.dq_tma || opt.overlap ||
+                         p.key_ctas < 1 || p.key_ctas > (p.N + Tr::kBlockN - 1) / Tr::kBlockN)) {
+    *what = "the persistent sm90 backward (rows-tma at head_dim 64, columns-tma at 128, sequential, not deterministic; "
+            "key_ctas in 1..key tiles of 128)";
+    return cudaErrorInvalidValue;
+  }
   if (p.dq_splits < 0 || p.dq_splits > (p.N + Tr::kBlockN - 1) / Tr::kBlockN) {
     *what = "the deterministic sm90 backward (dq_splits must be in 0..key tiles of 128)";
     return cudaErrorInvalidValue;
@@ -824,6 +843,8 @@ cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **w
                       : launch_bwd_sm90<DTYPE, D, M, false, false>(tm, p, stream, what);
   };
   if (splits) return launch_bwd_sm90<DTYPE, D, D == 64 ? kDqRows : kDqCols, true, false, true>(tm, p, stream, what);
+  if (opt.persistent)
+    return launch_bwd_sm90<DTYPE, D, D == 64 ? kDqRows : kDqCols, true, false, false, true>(tm, p, stream, what);
   if constexpr (D == 128) {
     if (opt.dq_cols) return pick(std::integral_constant<int, kDqCols>{});
   } else {

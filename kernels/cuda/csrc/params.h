@@ -36,6 +36,10 @@ struct BwdParams {
   // s in 1..key tiles: deterministic, dq_accum (s, B, H, N, d), CTA j of a (batch, head) owns slice j and walks key
   // tiles j, j + s, ... (bwd.cuh; bwd_sm90.cuh with its row- or column-split TMA dQ).
   int dq_splits;
+  // bwd_sm90.cuh only, with dq_splits = 0: 0 one CTA per key tile; c > 0: c CTAs per (batch, head), CTA j walking key
+  // tiles j, j + c, ... (K and V reloaded, the Q/dO ring counted on), dQ into the one dq_accum (BwdSm90Options's
+  // persistent).
+  int key_ctas;
 };
 
 // One explicit instantiation per (dtype, head_dim), each in its own .cu file so builds parallelise.
@@ -54,6 +58,7 @@ cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **w
 // (head_dim 64 only, not with dq_rows); elsewhere cudaErrorInvalidValue.
 struct BwdSm90Options {
   bool dq_cols = false, dq_sum = false, dq_rows = false, dq_tma = false, overlap = false;
+  bool persistent = false;  // p.key_ctas CTAs a (batch, head) walk its key tiles (rows-tma at 64, columns-tma at 128)
 };
 template <int DTYPE, int D>
 cudaError_t run_bwd_sm90(const BwdParams &p, cudaStream_t stream, const char **what, const BwdSm90Options &opt);
