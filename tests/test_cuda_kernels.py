@@ -541,6 +541,8 @@ if ops.BWD_DQ == "auto":
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
 B = 96 if "persistent" in (ops.FWD_SM90, ops.BWD_SM90) else 2  # persistent: 864 tiles at N = 300, each CTA walks several
+if ops.BWD_SM90 == "persistent":  # key CTAs counted for one SM: one CTA per (batch, head) walks its every key tile
+    ops._sm_count = lambda index: 1
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
     q, k, v = (torch.randn(B, 3, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     attention(q, k, v, deterministic=deterministic).sum().backward()
@@ -636,6 +638,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                         "pingpong" if bwd.endswith("-pp") else "persistent" if bwd == "sm90-persistent-bwd" else
                         "sequential")
     deterministic = bwd == "sm90-det"
+    if bwd == "sm90-persistent-bwd":  # key CTAs counted for one SM: one CTA per (batch, head) walks its every key tile
+        monkeypatch.setattr(ops, "_sm_count", lambda index: 1)
     if deterministic:
         monkeypatch.setattr(ops, "BWD_DQ", "auto")
         monkeypatch.setattr(ops, "_sm_count", lambda index: 1)
@@ -675,8 +679,9 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("B, H, N", [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)])
 def test_sm90_persistent_backward_matches_one_cta_a_tile(B, H, N, head_dim):
-    """CTAs walking the key tiles of their (batch, head) (one CTA walking all of them, and ops.sm90_key_ctas' count; K
-    and V reloaded through kv_empty, the Q/dO ring counted on across tiles): dk and dv bitwise the one-CTA-a-tile
+    """CTAs walking the key tiles of their (batch, head) (one CTA walking all of them, 2, 3 and 5 CTAs, uneven at N = 1025
+    and 4097, and ops.sm90_key_ctas' count; K and V reloaded through kv_empty, the Q/dO ring counted on across tiles):
+    dk and dv bitwise the one-CTA-a-tile
     kernel's (same arithmetic per key tile), dq equal up to the order of its float32 reduce-adds; into a packed
     gradient, as the ViT's."""
     if not is_hopper():
@@ -689,7 +694,8 @@ def test_sm90_persistent_backward_matches_one_cta_a_tile(B, H, N, head_dim):
     do = torch.randn_like(out)
     mode = {"dq_rows": True} if head_dim == 64 else {"dq_cols": True}
     dq0, dk0, dv0 = ext.bwd_sm90(do, q, k, v, out, lse, scale, torch.empty_like(qkv), *_sm90_flags(**mode, dq_tma=True))
-    for key_ctas in sorted({1, ops.sm90_key_ctas(q)}):
+    tiles = -(-N // 128)
+    for key_ctas in sorted({1, 2, 3, 5, ops.sm90_key_ctas(q)} & set(range(1, tiles + 1))):  # uneven walks too
         dq1, dk1, dv1 = ext.bwd_sm90(do, q, k, v, out, lse, scale, torch.empty_like(qkv),
                                      *_sm90_flags(**mode, dq_tma=True, key_ctas=key_ctas))
         assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1), key_ctas

@@ -1,4 +1,5 @@
-# Not run yet (no device time left on 2026-12-07): the deterministic Hopper backward's fwd+bwd-less-fwd time at each
+# Ran on an H100 in the next session (benchmarks/results/h100_20261207/call1_sweep.log, before bwd_sm90 took key_ctas;
+# the call below passes key_ctas = 0 since): the deterministic Hopper backward's fwd+bwd-less-fwd time at each
 # dq slice count, beside the non-deterministic backward, to see whether ops.sm90_dq_splits's one slice at
 # (8, 16, 4096, 128) (128 CTAs walking 32 tiles each, 1.30-1.35x the non-deterministic time) should be more.
 source .device/common.sh
@@ -14,7 +15,7 @@ for B, H, N, d in ((8, 16, 4096, 128), (8, 12, 4096, 64), (2, 12, 16384, 64)):
     out, lse = ext.fwd_sm90(q, k, v, d**-0.5)
     flags = (d == 128, False, d == 64, True, False)
     def t(splits):
-        fn = lambda: ext.bwd_sm90(do, q, k, v, out, lse, d**-0.5, None, *flags, splits)
+        fn = lambda: ext.bwd_sm90(do, q, k, v, out, lse, d**-0.5, None, *flags, 0, splits)  # key_ctas 0
         for _ in range(3): fn()
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record(); [fn() for _ in range(10)]; e1.record(); torch.cuda.synchronize()

@@ -67,19 +67,16 @@ template <int N> __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]
 }
 
 // Producer of one Q tile: Q once, then K_j, V_j for every key tile j into stage (it0 + j) % kStages. `it0`: the K/V
-// ring steps of the CTA's earlier Q tiles, `local` their count (PERSIST: Q is reloaded once the consumers release the
-// previous tile's, q_empty; unsigned: S divides 2^32, so stage and parity wrap consistently).
+// ring steps of the CTA's earlier Q tiles, `local` their count (unsigned: S divides 2^32, so stage and parity wrap
+// consistently). PERSIST: Q is reloaded once the consumers release the previous tile's (q_empty); the first K/V stage
+// goes out before that wait (the ring's own empty barriers guard it), so it loads under the previous tile's last step.
 template <typename Tr, bool PERSIST = false, typename T>
 __device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, T *Qs, T *Ks, T *Vs,
                                                  FwdSm90Barriers<Tr::kStages> &bar, int m0, int h, int b,
                                                  int n_blocks, uint32_t it0 = 0, uint32_t local = 0) {
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, D = Tr::kColBlocks * 64, S = Tr::kStages;
-  if constexpr (PERSIST) mbar_wait(&bar.q_empty, (local & 1) ^ 1);
-  mbar_arrive_expect_tx(&bar.q_full, Tr::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Qs + c * BM * 64, tm_q, &bar.q_full, 64 * c, m0, h, b);
-  for (int j = 0; j < n_blocks; ++j) {
+  auto load_kv = [&](int j) {
     const uint32_t s = (it0 + j) % S;
     const uint32_t parity = (((it0 + j) / S) & 1) ^ 1;
     T *Kb = Ks + s * BN * D, *Vb = Vs + s * BN * D;
@@ -91,7 +88,15 @@ __device__ __forceinline__ void fwd_sm90_produce(const CUtensorMap *tm_q, const 
     mbar_arrive_expect_tx(&bar.v_full[s], Tr::kTileBytes);
 #pragma unroll
     for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Vb + c * BN * 64, tm_v, &bar.v_full[s], 64 * c, j * BN, h, b);
+  };
+  if constexpr (PERSIST) {
+    load_kv(0);  // n_blocks >= 1: N >= 1 here
+    mbar_wait(&bar.q_empty, (local & 1) ^ 1);
   }
+  mbar_arrive_expect_tx(&bar.q_full, Tr::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Tr::kColBlocks; ++c) tma_load_4d(Qs + c * BM * 64, tm_q, &bar.q_full, 64 * c, m0, h, b);
+  for (int j = PERSIST ? 1 : 0; j < n_blocks; ++j) load_kv(j);
 }
 
 // Online softmax of one S tile (64 x 128 per warpgroup; this thread: rows g, g+8 of its warp, 32
@@ -478,8 +483,8 @@ cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char 
   dim3 grid(m_blocks, p.H, p.B);
   if constexpr (PERSIST) {
     const int64_t tiles = (int64_t)m_blocks * p.H * p.B;
-    *what = "the persistent sm90 forward (at most 2^31 - 1 Q tiles of B x H x N)";
-    if (tiles > INT32_MAX) return cudaErrorInvalidValue;
+    *what = "the persistent sm90 forward (at most 2^30 Q tiles of B x H x N)";
+    if (tiles > (1 << 30)) return cudaErrorInvalidValue;  // tile + gridDim.x stays below 2^31
     grid = dim3((unsigned)std::min<int64_t>(tiles, sm_count()));
     *what = "the sm90 forward launch";
   }
