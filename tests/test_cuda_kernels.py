@@ -1175,12 +1175,14 @@ def test_backward_splits_follow_the_backward_that_runs(monkeypatch):
 
 
 def test_persistent_backward_key_ctas_and_modes(monkeypatch):
-    """VIT_CUDA_BWD_SM90=persistent: CTAs per (batch, head) by the slices' wave rule without their memory cap (132 SMs:
-    (256, 12, 197) 1, each walking both key tiles; (8, 12, 4096) 4, three waves of 8 tiles; one (batch, head) of a
-    million keys: 119 CTAs of 69 tiles, the fewest within 10 % of 132 CTAs' 63), with the auto dQ modes only."""
+    """VIT_CUDA_BWD_SM90=persistent: CTAs per (batch, head) by the slices' wave rule without their memory cap, none
+    walking more than WALK_MAX_TILES key tiles (132 SMs: (256, 12, 197) 1, each walking both key tiles; (2, 12, 1025)
+    5, one wave walking 1-2 of the 9 tiles; (8, 12, 4096) 8 of 4 tiles each, where the wave rule alone gives 4 of 8),
+    with the auto dQ modes only."""
     monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    cases = {(256, 12, 197): 1, (8, 12, 4096): 4, (1, 1, 1 << 20): 119, (1, 1, 1): 1}
+    assert ops.WALK_MAX_TILES == 4
+    cases = {(256, 12, 197): 1, (2, 12, 1025): 5, (8, 12, 4096): 8, (1, 1, 1 << 20): 2048, (1, 1, 1): 1}
     for (B, H, N), want in cases.items():
         assert ops.sm90_key_ctas(torch.empty(B, H, N, 64, device="meta")) == want, (B, H, N)
     q64 = torch.empty(1, 1, 4096, 64, device="meta")

@@ -186,13 +186,21 @@ def sm90_dq_splits(q: Tensor) -> int:
     return _wave_splits(q, 128, 1)
 
 
+# The most key tiles one CTA of the persistent backward walks. Fewer CTAs per (batch, head) put more heads in flight at
+# once, each streaming its own Q, dO and dq_accum rows: at (8, 12, 4096, 64) four CTAs a head would hold 33 heads' 1 MiB
+# of Q and dO and 1 MiB of dQ, past the 50-60 MB L2. The deterministic walk, which holds 128 heads at once at
+# (8, 16, 4096, 128), cost 1.56-1.63x the one-tile kernel at every slice count (h100_20261207.md): a hypothesis for
+# why, not profiled. The walk pays where it saves the most CTA starts: heads of few key tiles (N = 197: two).
+WALK_MAX_TILES = 4
+
+
 def sm90_key_ctas(q: Tensor) -> int:
     """VIT_CUDA_BWD_SM90=persistent's CTAs per (batch, head) for ``q`` (B, H, N, d) on its GPU, each walking key tiles
     j, j + c, ... of 128 keys: :func:`splits_for`'s count (whole waves of one CTA an SM, the fewest CTAs within 10 % of
-    the best), without the slices' memory cap (they share one dq_accum)."""
+    the best; no memory cap, they share one dq_accum), and enough that none walks more than WALK_MAX_TILES."""
     B, H, N, d = q.shape
     tiles = -(-N // 128)
-    return splits_for(B * H, tiles, _sm_count(_index(q.device)), tiles)
+    return max(splits_for(B * H, tiles, _sm_count(_index(q.device)), tiles), -(-tiles // WALK_MAX_TILES))
 
 
 def _wave_splits(q: Tensor, tile_keys: int, ctas_per_sm: int) -> int:
