@@ -198,7 +198,7 @@ def sm90_key_ctas(q: Tensor) -> int:
     """VIT_CUDA_BWD_SM90=persistent's CTAs per (batch, head) for ``q`` (B, H, N, d) on its GPU, each walking key tiles
     j, j + c, ... of 128 keys: :func:`splits_for`'s count (whole waves of one CTA an SM, the fewest CTAs within 10 % of
     the best; no memory cap, they share one dq_accum), and enough that none walks more than WALK_MAX_TILES."""
-    B, H, N, d = q.shape
+    B, H, N = q.shape[:3]
     tiles = -(-N // 128)
     return max(splits_for(B * H, tiles, _sm_count(_index(q.device)), tiles), -(-tiles // WALK_MAX_TILES))
 

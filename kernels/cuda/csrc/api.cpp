@@ -255,7 +255,8 @@ std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK_VALUE(key_ctas == 0 || (key_ctas > 0 && key_ctas <= (q.size(2) + 127) / 128 && dq_splits == 0 &&
                                       dq_tma && !overlap && (q.size(3) == 64 ? dq_rows : dq_cols)),
                     "the sm90 backward's key-tile walk (key_ctas > 0) has kernels for rows-tma at head_dim 64 and "
-                    "columns-tma at 128, with the sequential consumer, dq_splits = 0 and key_ctas in 1..key tiles of 128");
+                    "columns-tma at 128, with the sequential consumer, dq_splits = 0 and key_ctas in 1..key tiles "
+                    "of 128");
   return bwd_impl(dout, q, k, v, out, lse, softmax_scale, 8, true,
                   {dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas > 0}, dq_splits, dqkv, key_ctas);
 }

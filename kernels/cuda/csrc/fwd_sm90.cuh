@@ -339,26 +339,27 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
   if (w == 0) named_barrier_sync(1, kBoth);
   fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
 }
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Persistent CTAs (PERSIST, the two sequential consumers): gridDim.x CTAs, CTA c runs Q tiles c, c + gridDim.x, ... in the order
-// of the one-CTA-a-tile grid (m blocks fastest, then heads, then batches), so that the CTAs at work at once share heads'
-// K/V in L2, and each tile's epilogue runs while the producer loads the next tile's Q, K and V (cuDNN's Hopper kernels
-// run one persistent CTA an SM: benchmarks/results/h100_20261207.md).
+// Persistent CTAs (PERSIST, the two sequential consumers): gridDim.x CTAs, CTA c runs Q tiles c, c + gridDim.x, ...
+// in the order of the one-CTA-a-tile grid (m blocks fastest, then heads, then batches), so that the CTAs at work at
+// once share heads' K/V in L2, and each tile's epilogue runs while the producer loads the next tile's Q, K and V
+// (cuDNN's Hopper kernels run one persistent CTA an SM: benchmarks/results/h100_20261207.md).
 // PRODUCER: the producer thread's loop, else consumer warpgroup w's; called apart, each after its setmaxnreg (a loop
 // that branches on the warpgroup inside makes ptxas ignore setmaxnreg: C7507).
 template <typename Tr, int DTYPE, int D, int C, bool PRODUCER, typename T>
 __device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, const FwdParams &p, T *Qs, T *Ks, T *Vs,
                                                  FwdSm90Barriers<Tr::kStages> &bar, int w, int tid, int n_blocks) {
-  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM, tiles = m_blocks * p.H * p.B;  // < 2^31: the launcher
+  const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM, tiles = m_blocks * p.H * p.B;  // <= 2^30: the launcher
   uint32_t it = 0, local = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, it += n_blocks, ++local) {
     const int m0 = tile % m_blocks * Tr::kBlockM, h = tile / m_blocks % p.H, b = tile / m_blocks / p.H;
-    if constexpr (PRODUCER) fwd_sm90_produce<Tr, true>(tm_q, tm_k, tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks, it, local);
+    if constexpr (PRODUCER)
+      fwd_sm90_produce<Tr, true>(tm_q, tm_k, tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks, it, local);
     else fwd_sm90_consume<DTYPE, D, C, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local);
   }
 }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int DTYPE, int D, int SCHEDULE, int C = SCHEDULE == kFwdWide ? 3 : 2, bool PERSIST = false>
 __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
@@ -403,7 +404,8 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     if (tid == 0) fwd_sm90_produce<Tr>(&tm_q, &tm_k, &tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks);
   } else {
     setmaxnreg_inc<Tr::kConsumerRegs>();
-    if constexpr (SCHEDULE == kFwdPingpong) fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    if constexpr (SCHEDULE == kFwdPingpong)
+      fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
     else fwd_sm90_consume<DTYPE, D, C>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
   }
 #elif defined(__CUDA_ARCH__)
