@@ -740,8 +740,15 @@ import sys
 import torch
 from kernels.cuda import build
 q = torch.randn(1, 1, 17, int(sys.argv[2]), device="cuda", dtype=torch.bfloat16)
+ext = build.extension()
 try:
-    getattr(build.extension(), sys.argv[1])(q, q, q, 0.1)
+    if sys.argv[1].startswith("bwd_sm90"):  # flags (dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas, dq_splits)
+        out, lse = ext.fwd_sm90(q, q, q, 0.1)
+        flags = {"bwd_sm90_cols": (True, False, False, False, False, 0, 0),
+                 "bwd_sm90_walk": (False, False, False, True, False, 1, 0)}[sys.argv[1]]
+        ext.bwd_sm90(out, q, q, q, out, lse, 0.1, None, *flags)
+    else:
+        getattr(ext, sys.argv[1])(q, q, q, 0.1)
 except ValueError as exc:
     print("ValueError:", exc)
 """
@@ -749,10 +756,14 @@ except ValueError as exc:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fn, head_dim, message", [("fwd_sm90_wide", 128, "head_dim 64 only"),
-                                                   ("fwd_sm90", 32, "head_dim 64 and 128, got 32")])
-def test_sm90_forward_refuses_a_head_dim_it_has_no_kernel_for(fn, head_dim, message):
+                                                   ("fwd_sm90", 32, "head_dim 64 and 128, got 32"),
+                                                   ("bwd_sm90_cols", 64, "needs head_dim 128, got 64"),
+                                                   ("bwd_sm90_walk", 64, "key-tile walk (key_ctas > 0)")])
+def test_sm90_extension_refuses_what_it_has_no_kernel_for(fn, head_dim, message):
     """The extension's own checks raise ValueError through pybind11 (in a child process: on the H100 of 2026-12-07
-    fwd_sm90_wide at head_dim 128 ended the test process with a segmentation fault, not an exception)."""
+    fwd_sm90_wide at head_dim 128 ended the test process with a segmentation fault, not an exception, from a check
+    whose message formatted the head_dim; the backward's formatted checks are probed the same way: its column split at
+    head_dim 64, its key-tile walk without the row split)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
