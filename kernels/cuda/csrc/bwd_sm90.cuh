@@ -693,8 +693,6 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
   // register reallocation and was spilled (the DQ_TMA kernels at head_dim 128, ptxas 13.0)
   const auto m_blocks = [&p] { return (p.N + Tr::kBlockM - 1) / Tr::kBlockM; };
-  // SPLITS: f(n, j) for this CTA's key tiles n = n0, n0 + s·128, ..., j the tiles before it (producer and consumers
-  // walk the same ones)
   // SPLITS (PERSIST): f(n, j) for this CTA's key tiles n = n0, n0 + s·128 (key_ctas·128), ..., j the tiles before it
   // (producer and consumers walk the same ones)
   const auto each_tile = [&p, n0](auto &&f) {
