@@ -52,6 +52,7 @@ template <int D, int C = 2> struct FwdSm90Traits {
 
 // The forward's consumer schedules (run_fwd_sm90's `schedule`, api.cpp's fwd_sm90 / _pingpong / _wide).
 enum : int { kFwdSequential = 0, kFwdPingpong = 1, kFwdWide = 2 };  // kFwdWide: sequential, three consumers
+template <int SCHEDULE> constexpr int kFwdConsumers = SCHEDULE == kFwdWide ? 3 : 2;
 
 template <int STAGES> struct FwdSm90Barriers {
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
@@ -361,7 +362,7 @@ __device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const 
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int DTYPE, int D, int SCHEDULE, int C = SCHEDULE == kFwdWide ? 3 : 2, bool PERSIST = false>
+template <int DTYPE, int D, int SCHEDULE, int C = kFwdConsumers<SCHEDULE>, bool PERSIST = false>
 __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
@@ -456,19 +457,21 @@ inline bool encode_dq_tensor_map(CUtensorMap *map, float *ptr, int B, int H, int
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Streaming multiprocessors of the current device, read once per device.
-inline int sm_count() {
+// Streaming multiprocessors of the current device into *count (read once per device), or the query's error.
+inline cudaError_t sm_count(int *count) {
   static int counts[64] = {};
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (counts[dev] == 0 && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    counts[dev] = 132;
-  return counts[dev];
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64) return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev);
+  if (counts[dev] == 0) err = cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev);
+  *count = counts[dev];
+  return err;
 }
 
 template <int DTYPE, int D, int SCHEDULE, bool PERSIST = false>
 cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
-  constexpr int C = SCHEDULE == kFwdWide ? 3 : 2;
+  constexpr int C = kFwdConsumers<SCHEDULE>;
   using Tr = FwdSm90Traits<D, C>;
   CUtensorMap tm_q, tm_k, tm_v;
   const bool bf16 = DTYPE == kBFloat16;
@@ -478,7 +481,7 @@ cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char 
       !encode_tensor_map(&tm_v, p.v, p.v_st, p.B, p.H, p.N, D, Tr::kBlockN, bf16))
     return cudaErrorInvalidValue;
   *what = "setting the sm90 forward's shared memory size";
-  const cudaError_t err = set_smem_once<fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>>(Tr::kSmemBytes);
+  cudaError_t err = set_smem_once<fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   *what = "the sm90 forward launch";
   const int m_blocks = (p.N + Tr::kBlockM - 1) / Tr::kBlockM;
@@ -487,7 +490,10 @@ cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char 
     const int64_t tiles = (int64_t)m_blocks * p.H * p.B;
     *what = "the persistent sm90 forward (at most 2^30 Q tiles of B x H x N)";
     if (tiles > (1 << 30)) return cudaErrorInvalidValue;  // tile + gridDim.x stays below 2^31
-    grid = dim3((unsigned)std::min<int64_t>(tiles, sm_count()));
+    int sms = 0;
+    *what = "reading the GPU's SM count (the persistent sm90 forward's grid)";
+    if ((err = sm_count(&sms)) != cudaSuccess) return err;
+    grid = dim3((unsigned)std::min<int64_t>(tiles, sms));
     *what = "the sm90 forward launch";
   }
   fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(tm_q, tm_k, tm_v, p);
