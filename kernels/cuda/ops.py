@@ -82,7 +82,7 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # "wide" (head_dim 64): sequential with three consumer warpgroups, 192 query rows a CTA (FlashAttention-3's head_dim-64
 # forward tile height); auto picks it at head_dim 64 where its CTAs hold no more 64-row consumer tiles than the two-
 # consumer kernel's (within 5 %: :func:`wide_pays`). H100, bf16, forward ms, wide vs sequential, two runs
-# (benchmarks/results/h200_20261207_b/call1_bench*.log): (8, 12, 4096) 0.853 / 0.903 vs 0.939 / 0.922, (2, 12, 16384)
+# (benchmarks/results/h100_20261207/call1_bench*.log): (8, 12, 4096) 0.853 / 0.903 vs 0.939 / 0.922, (2, 12, 16384)
 # 3.258 / 3.290 vs 3.517 / 3.406; but (256, 12, 197) 0.322 / 0.325 vs 0.280 / 0.280 (6 consumer tiles a head where
 # sequential has 4), (64, 12, 577) 0.297 / 0.309 vs 0.289 / 0.305 (12 vs 10).
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
@@ -198,17 +198,18 @@ def sm90_key_ctas(q: Tensor) -> int:
     """VIT_CUDA_BWD_SM90=persistent's CTAs per (batch, head) for ``q`` (B, H, N, d) on its GPU, each walking key tiles
     j, j + c, ... of 128 keys: :func:`splits_for`'s count (whole waves of one CTA an SM, the fewest CTAs within 10 % of
     the best; no memory cap, they share one dq_accum), and enough that none walks more than WALK_MAX_TILES."""
-    B, H, N = q.shape[:3]
-    tiles = -(-N // 128)
-    return max(splits_for(B * H, tiles, _sm_count(_index(q.device)), tiles), -(-tiles // WALK_MAX_TILES))
+    tiles = -(-q.shape[-2] // 128)
+    return max(_wave_splits(q, 128, 1, most=tiles), -(-tiles // WALK_MAX_TILES))
 
 
-def _wave_splits(q: Tensor, tile_keys: int, ctas_per_sm: int) -> int:
+def _wave_splits(q: Tensor, tile_keys: int, ctas_per_sm: int, most: int | None = None) -> int:
     """:func:`splits_for` on ``q``'s GPU, for key tiles of ``tile_keys`` keys, ``ctas_per_sm`` CTAs on each SM and at
-    most DQ_SPLITS_BYTES of slices."""
+    most ``most`` CTAs per (batch, head) (default: as many float32 dq slices as DQ_SPLITS_BYTES holds)."""
     B, H, N, d = q.shape
     per_wave = _sm_count(_index(q.device)) * ctas_per_sm
-    return splits_for(B * H, -(-N // tile_keys), per_wave, max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4)))
+    if most is None:
+        most = max(1, DQ_SPLITS_BYTES // max(1, B * H * N * d * 4))
+    return splits_for(B * H, -(-N // tile_keys), per_wave, most)
 
 
 def backward_splits(q: Tensor, deterministic: bool) -> int:
@@ -302,8 +303,7 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
     columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "persistent" (the sequential consumer in
     CTAs walking key tiles, the extension's key_ctas (:func:`sm90_key_ctas`); rows-tma at 64, columns-tma at 128),
-    "auto": pingpong with
-    columns-tma at head_dim 128, else sequential).
+    "auto": pingpong with columns-tma at head_dim 128, else sequential).
     ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them (auto
     picks it then).
 
