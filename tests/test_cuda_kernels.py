@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import check_against_reference, is_hopper, make_qkv, max_err, pack_qkv, reference_attention
 
-from kernels import cuda, get_attention
+from kernels import cuda, get_attention, split_qkv
 from kernels.cuda import attention, build, check_inputs, ops
 
 ARCHES = ("sm_80", "sm_90a")  # torch builds compute capability 9.0 as 9.0a (build.arch_list)
@@ -675,20 +675,23 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
 
 
+# (B, H, N) of the persistent kernels' GPU tests: fewer tiles than SMs, about as many, and many more (a dozen a CTA)
+_PERSISTENT_SHAPES = [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("B, H, N", [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)])
+@pytest.mark.parametrize("B, H, N", _PERSISTENT_SHAPES)
 def test_sm90_persistent_backward_matches_one_cta_a_tile(B, H, N, head_dim):
     """CTAs walking the key tiles of their (batch, head) (one CTA walking all of them, 2, 3 and 5 CTAs, uneven at N = 1025
     and 4097, and ops.sm90_key_ctas' count; K and V reloaded through kv_empty, the Q/dO ring counted on across tiles):
-    dk and dv bitwise the one-CTA-a-tile
-    kernel's (same arithmetic per key tile), dq equal up to the order of its float32 reduce-adds; into a packed
-    gradient, as the ViT's."""
+    dk and dv bitwise the one-CTA-a-tile kernel's (same arithmetic per key tile), dq equal up to the order of its
+    float32 reduce-adds; into a packed gradient, as the ViT's."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
     qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
     scale = head_dim ** -0.5
     out, lse = ext.fwd_sm90(q, k, v, scale)
     do = torch.randn_like(out)
@@ -704,7 +707,7 @@ def test_sm90_persistent_backward_matches_one_cta_a_tile(B, H, N, head_dim):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("B, H, N", [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)])
+@pytest.mark.parametrize("B, H, N", _PERSISTENT_SHAPES)
 def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
     """Persistent CTAs (one an SM, each looping over Q tiles c, c + CTAs, ...) do each tile's arithmetic as the
     one-CTA-a-tile kernel does: out and lse bitwise equal, with fewer tiles than SMs, about as many, and many more
@@ -713,7 +716,7 @@ def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
     qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
     scale = head_dim ** -0.5
     sequential, persistent = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_persistent(q, k, v, scale)
     assert torch.equal(sequential[0], persistent[0]) and torch.equal(sequential[1], persistent[1])
@@ -730,7 +733,7 @@ def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()
     qkv = torch.randn(2, N, 3, 5, 64, device="cuda", dtype=dtype)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
     sequential, wide = ext.fwd_sm90(q, k, v, 0.125), ext.fwd_sm90_wide(q, k, v, 0.125)
     assert torch.equal(sequential[0], wide[0]) and torch.equal(sequential[1], wide[1])
 
