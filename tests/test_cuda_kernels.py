@@ -403,8 +403,10 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
     assert ops.sm90_forward(_Sm90Ext, q128) == "pingpong forward"  # auto: measured faster at 128, slower at 64
     assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"  # three consumers where their tiles are no waste
-    for n, schedule in ((197, "sequential"), (577, "sequential"), (1025, "wide"), (4097, "wide"), (16384, "wide")):
-        assert ops.sm90_forward(_Sm90Ext, torch.empty(1, 1, n, 64, device="meta")) == f"{schedule} forward", n
+    for n, d, schedule in ((197, 64, "persistent"), (577, 64, "persistent"), (785, 64, "persistent"), (1025, 64, "wide"),
+                           (4097, 64, "wide"), (16384, 64, "wide"), (197, 128, "persistent"), (1024, 128, "persistent"),
+                           (1025, 128, "pingpong")):
+        assert ops.sm90_forward(_Sm90Ext, torch.empty(1, 1, n, d, device="meta")) == f"{schedule} forward", (n, d)
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
     assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "sequential")
@@ -947,8 +949,9 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 @pytest.mark.parametrize("seq_len", [127, 129, 197, 577, 1025])
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
-    on Hopper the pingpong forward and backward (columns-tma) at head_dim 80/128, the sequential forward (the wide one
-    at N = 1025) with the rows-tma backward at 64, mma.sync below N = 128."""
+    on Hopper the persistent forward (the pingpong one past N = 1024) with the pingpong backward (columns-tma) at
+    head_dim 80/128, the persistent forward (the wide one at N = 1025) with the rows-tma backward at 64, mma.sync below
+    N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):
         pytest.skip("a VIT_CUDA_* setting in the environment overrides the defaults under test")

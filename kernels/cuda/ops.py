@@ -86,8 +86,13 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # 3.258 / 3.290 vs 3.517 / 3.406; but (256, 12, 197) 0.322 / 0.325 vs 0.280 / 0.280 (6 consumer tiles a head where
 # sequential has 4), (64, 12, 577) 0.297 / 0.309 vs 0.289 / 0.305 (12 vs 10).
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
-# "persistent": sequential with one CTA an SM looping over the Q tiles, as cuDNN's Hopper kernels run (built 2026-12-07,
-# not yet measured: opt-in).
+# "persistent": sequential with one CTA an SM looping over the Q tiles, as cuDNN's Hopper kernels run; auto picks it
+# where the others' CTAs are few a head (:func:`persistent_pays`: N <= 1024 at head_dim 128; at 64 where wide does not
+# pay). H100, bf16, forward ms, persistent vs sequential / pingpong / wide, batch so that B·N is about 50k
+# (benchmarks/results/h100_20261207b/call3_sweep.log): d=64 (256, 12, 197) 0.196 vs 0.241 / 0.239 / 0.279, (128, 12,
+# 401) 0.294 vs 0.333 / 0.354 / 0.321, (64, 12, 577) 0.221 vs 0.244 / 0.262 / 0.252, (32, 12, 785) 0.204 vs 0.218 /
+# 0.238 / 0.205, but (8, 12, 4096) 0.964 vs wide 0.865; d=128 (256, 12, 197) 0.292 vs 0.344 / 0.333, (64, 12, 577)
+# 0.344 vs 0.378 / 0.368, (32, 12, 1025) 0.514 vs pingpong 0.513, (8, 16, 4096) 1.994 vs pingpong 1.948.
 FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent")
 
 
@@ -251,12 +256,18 @@ def wide_pays(seq_len: int) -> bool:
     return 3 * -(-seq_len // 192) <= 1.05 * 2 * -(-seq_len // 128)
 
 
+def persistent_pays(seq_len: int, head_dim: int) -> bool:
+    """Whether auto runs the persistent forward: at head_dim 64 where :func:`wide_pays` is false (N = 197, 401, 577,
+    785), at 128 up to N = 1024 (8 Q tiles of 128 rows a head), where it measured faster (the comment at FWD_SM90)."""
+    return not wide_pays(seq_len) if head_dim == 64 else seq_len <= 1024
+
+
 def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
-    head_dim 128), ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`) or
-    ``fwd_sm90_persistent`` ("persistent"). Raises ValueError for another value, or "wide" at
-    another head_dim."""
+    head_dim 128 past N = 1024), ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where
+    :func:`wide_pays`) or ``fwd_sm90_persistent`` ("persistent"; "auto" picks it where :func:`persistent_pays`).
+    Raises ValueError for another value, or "wide" at another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
     if FWD_SM90 == "wide":
@@ -264,9 +275,9 @@ def sm90_forward(ext, q: Tensor):
             raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
         return ext.fwd_sm90_wide
-    if FWD_SM90 == "persistent":
+    if FWD_SM90 == "persistent" or (FWD_SM90 == "auto" and persistent_pays(q.shape[-2], q.shape[-1])):
         return ext.fwd_sm90_persistent
-    if FWD_SM90 == "auto" and q.shape[-1] == 64 and wide_pays(q.shape[-2]):
+    if FWD_SM90 == "auto" and q.shape[-1] == 64:
         return ext.fwd_sm90_wide
     pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)
     return ext.fwd_sm90_pingpong if pingpong else ext.fwd_sm90

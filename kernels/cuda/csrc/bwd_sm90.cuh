@@ -37,9 +37,8 @@
 // head_dim-64 tile, 128 query rows a step instead of 64. Sᵀ and dPᵀ become m64n128 products (N = 64 gave the
 // head_dim-64 kernels their small wgmmas: at 128 the dK and dV products already have N = 128), dV and dK take 8
 // k-steps, dSᵀ is stored in two 64-query blocks, and consumer w computes dQ's rows 64w..64w+63 of the step over all
-// 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. Each
-// step's lse and delta go through shared memory (one per thread of each consumer, loaded under the products): read
-// from global memory where the softmax uses them, the kernel spilled 40-44 bytes (ptxas 13.0). 0 spills.
+// 128 keys (dS from dSᵀ's block w, the dSᵀ barriers span both consumers) and adds them once, by atomics or TMA. 0 spills.
+// Every consumer but the overlapped one reads a step's lse and delta from shared memory (bwd_sm90_stage_lsd).
 // OVERLAP with kDqRows or kDqCols and DQ_TMA (VIT_CUDA_BWD_SM90=pingpong, opt-in): the ping-pong consumer, bwd_sm90_consume_pp
 // below (the two consumers issue their products in turn; dQ one step late; dSᵀ double-buffered).
 // SPLITS (p.dq_splits = s > 0, attention.deterministic=true; the sequential consumer with rows-tma at head_dim 64,
@@ -95,7 +94,7 @@ template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   static constexpr int kDsBuffers = PP ? 2 : 1;  // dSᵀ, double-buffered for the ping-pong consumer
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
-  static constexpr int kLsdFloats = DQ == kDqRows ? Tr::kConsumers * 2 * Tr::kBlockM : 0;  // a step's lse, delta
+  static constexpr int kLsdFloats = Tr::kConsumers * 2 * Tr::kBlockM;  // a step's lse, delta per consumer
   static constexpr int kSmemBytes = Tr::kSmemBytes + (kDsBuffers - 1) * Tr::kDSBytes + (kBoxFloats + kLsdFloats) * 4;
   static constexpr bool kWide = DQ_TMA || DQ == kDqRows;  // the consumers' 240 registers
   static constexpr int kProducerRegs = kWide ? 24 : Tr::kProducerRegs;
@@ -254,15 +253,18 @@ __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const fl
   }
 }
 
-// A 128-query step's lse and delta (queries m0.., zero past N) into this warpgroup's shared-memory copy lsd_w (BM
-// floats each), one per thread, for the softmax to read: loaded from global memory where they are used, the 128-query
-// step spilled 40-44 bytes (ptxas 13.0).
+// A step's lse and delta (queries m0.., zero past N) into this warpgroup's shared-memory copy lsd_w (BM floats each,
+// one or two per thread), loaded under the step's first products for the softmax to read: read from global memory
+// where the softmax uses them, the 128-query step spilled 40-44 bytes (ptxas 13.0) and the head_dim-128 ping-pong
+// kernel's exponentials waited on those loads in about a quarter of its stall samples (ncu source page, H100).
 template <int BM>
 __device__ __forceinline__ void bwd_sm90_stage_lsd(float *lsd_w, const float *lse, const float *delta, int m0, int tid,
                                                    int N) {
-  const int q = m0 + tid;
-  lsd_w[tid] = q < N ? lse[q] : 0.f;
-  lsd_w[BM + tid] = q < N ? delta[q] : 0.f;
+#pragma unroll
+  for (int i = tid; i < 2 * BM; i += 128) {
+    const int q = m0 + i % BM;
+    lsd_w[i] = q < N ? (i < BM ? lse : delta)[q] : 0.f;
+  }
 }
 
 // dQ_w (64 rows x NQ columns, the accumulator fragments) added to dq ((N, D) float32) at rows row0.., columns col0..
@@ -421,7 +423,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   T *dSw = dSs + w * 64 * 64;  // this warpgroup's first dSᵀ row (bwd_sm90_store_ds)
   float *dQw = DQ == kDqSum ? dQs : dQs + w * 64 * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
   const int dq_row0 = DQ_ROWS ? 64 * w : 0, dq_col0 = DQ_COLS ? 64 * w : 0;  // this warpgroup's part of dQ's tile
-  float *lsd_w = lsd + w * 2 * BM;  // DQ_ROWS: this warpgroup's copy of a step's lse (BM floats), then delta
+  float *lsd_w = lsd + w * 2 * BM;  // this warpgroup's copy of a step's lse (BM floats), then delta (not OVERLAP)
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   float dk[NO], dv[NO];
 #pragma unroll
@@ -459,14 +461,14 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) issue_s(kk), issue_dp(kk);
       wgmma_commit();
-      if constexpr (DQ_ROWS) bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
+      bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
       wgmma_wait<0>();
       fence_operands(s);
       fence_operands(dp);
-      if constexpr (DQ_ROWS) warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barriers)
-      bwd_sm90_softmax(s, DQ_ROWS ? lsd_w : lse, DQ_ROWS ? m0 : 0, sl2, m0, key, N, t);
+      warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barriers)
+      bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
     }
-    bwd_sm90_grad(s, dp, DQ_ROWS ? lsd_w + BM : delta, DQ_ROWS ? m0 : 0, scale, m0, N, t);
+    bwd_sm90_grad(s, dp, OVERLAP ? delta : lsd_w + BM, OVERLAP ? 0 : m0, scale, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     ds_sync<DQ>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
@@ -554,7 +556,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   float *dQw = dQs + w * 64 * 2 * NQ;                       // this warpgroup's dQ staging boxes
-  float *lsd_w = lsd + w * 2 * BM;                          // ROWS: this warpgroup's copy of a step's lse, then delta
+  float *lsd_w = lsd + w * 2 * BM;                          // this warpgroup's copy of a step's lse, then delta
   const int key = n0 + w * 64 + warp * 16 + g;              // this thread's first key row
   const int turn_mine = 5 + w, turn_theirs = 6 - w;         // named barriers 5, 6 (1-4: the other consumers')
   auto ready = [](int i, int writer) { return 7 + 2 * (i & 1) + writer; };  // 7-10
@@ -596,13 +598,13 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     }
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
-    if constexpr (ROWS) bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
+    bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
     wgmma_wait<0>();
     fence_operands(s);
     fence_operands(dp);
-    if constexpr (ROWS) warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
-    bwd_sm90_softmax(s, ROWS ? lsd_w : lse, ROWS ? m0 : 0, sl2, m0, key, N, t);
-    bwd_sm90_grad(s, dp, ROWS ? lsd_w + BM : delta, ROWS ? m0 : 0, scale, m0, N, t);
+    warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
+    bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
+    bwd_sm90_grad(s, dp, lsd_w + BM, m0, scale, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
     // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id
@@ -687,7 +689,7 @@ __global__ void __launch_bounds__(BwdSm90TraitsOf<D, DQ>::kThreads, 1)
   T *dOs = Qs + Tr::kStages * Tr::kBlockM * D;
   T *dSs = dOs + Tr::kStages * Tr::kBlockM * D;  // (kDsBuffers, BM/64, BN, 64): dSᵀ, swizzled
   float *dQs = reinterpret_cast<float *>(dSs + V::kDsBuffers * Tr::kBlockN * Tr::kBlockM);  // DQ_TMA: (consumers, cols/32, 64, 32)
-  float *lsd = dQs + V::kBoxFloats;  // DQ_ROWS: (consumers, 2, BM)
+  float *lsd = dQs + V::kBoxFloats;  // (consumers, 2, BM)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int n0 = blockIdx.x * Tr::kBlockN, h = blockIdx.y, b = blockIdx.z;
   // query tiles; read from the parameters after setmaxnreg in each branch: formed before it, it lived across the
