@@ -224,6 +224,40 @@ def test_vector_add_sass_uses_16_byte_accesses(cubins):
     assert re.search(r"LDG\.E\.128", sass) and re.search(r"STG\.E\.128", sass), "vector add lost its float4 path"
 
 
+def _call_arguments(text: str, open_paren: int) -> list[str]:
+    """The top-level comma-separated arguments of the call whose "(" is at ``open_paren`` (strings and nesting kept)."""
+    args, depth, quote, start, i = [], 0, None, open_paren + 1, open_paren
+    while True:
+        c = text[i]
+        if quote:
+            i += 2 if c == "\\" else 1
+            quote = None if c == quote else quote
+            continue
+        if c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0:
+                return args + [text[start:i]]
+        elif c == "," and depth == 1:
+            args, start = args + [text[start:i]], i + 1
+        i += 1
+
+
+def test_extension_checks_pass_one_message():
+    """Every TORCH_CHECK in the host binding gets one message, a literal or msg(...): several message arguments go
+    through c10::str's ostringstream, which crashed the process instead of raising (api.cpp's msg())."""
+    text = (build.CSRC / "api.cpp").read_text()
+    checks = [m for m in re.finditer(r"TORCH_CHECK\w*\(", text)]
+    assert len(checks) > 20
+    for m in checks:
+        args = _call_arguments(text, m.end() - 1)
+        line = text.count("\n", 0, m.start()) + 1
+        assert len(args) == 2, f"api.cpp:{line}: {m.group(0)} with {len(args) - 1} message arguments: wrap them in msg()"
+
+
 @pytest.mark.slow
 def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
     """The host binding (api.cpp, torch headers) too: cpp_extension builds and imports the module."""
@@ -753,7 +787,7 @@ try:
                  "bwd_sm90_walk": (False, False, False, True, False, 1, 0)}[sys.argv[1]]
         ext.bwd_sm90(out, q, q, q, out, lse, 0.1, None, *flags)
     else:
-        getattr(ext, sys.argv[1])(q, q, q, 0.1)
+        getattr(ext, sys.argv[1])(q, q, q, float(sys.argv[3]) if len(sys.argv) > 3 else 0.1)
 except ValueError as exc:
     print("ValueError:", exc)
 """
@@ -763,16 +797,17 @@ except ValueError as exc:
 @pytest.mark.parametrize("fn, head_dim, message", [("fwd_sm90_wide", 128, "head_dim 64 only"),
                                                    ("fwd_sm90", 32, "head_dim 64 and 128, got 32"),
                                                    ("bwd_sm90_cols", 64, "needs head_dim 128, got 64"),
-                                                   ("bwd_sm90_walk", 64, "key-tile walk (key_ctas > 0)")])
-def test_sm90_extension_refuses_what_it_has_no_kernel_for(fn, head_dim, message):
-    """The extension's own checks raise ValueError through pybind11 (in a child process: on the H100 of 2026-12-07
-    fwd_sm90_wide at head_dim 128 ended the test process with a segmentation fault, not an exception, from a check
-    whose message formatted the head_dim; the backward's formatted checks are probed the same way: its column split at
-    head_dim 64, its key-tile walk without the row split)."""
-    if not is_hopper():
+                                                   ("bwd_sm90_walk", 64, "key-tile walk (key_ctas > 0)"),
+                                                   ("fwd", 64, "softmax_scale must be > 0, got -1.5")])
+def test_extension_refuses_what_it_has_no_kernel_for(fn, head_dim, message):
+    """The extension's own checks raise ValueError through pybind11, formatted messages included (in a child process:
+    on the H100 of 2026-12-07 every check that formatted numbers into its message through c10::str ended the process
+    with a segmentation fault; api.cpp's msg() says why)."""
+    if fn != "fwd" and not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     build.extension()  # build (or load) here, outside the child's time limit
-    proc = subprocess.run([sys.executable, "-c", _EXT_ERROR, fn, str(head_dim)], cwd=Path(__file__).resolve().parents[1],
+    args = [fn, str(head_dim)] + (["-1.5"] if fn == "fwd" else [])
+    proc = subprocess.run([sys.executable, "-c", _EXT_ERROR, *args], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and "ValueError:" in proc.stdout and message in proc.stdout, \
         f"rc {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-2000:]}"

@@ -2,7 +2,10 @@
 // The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
 // checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
 #include <algorithm>
+#include <cstdio>
 #include <optional>
+#include <string>
+#include <type_traits>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -14,20 +17,48 @@ namespace {
 
 using vitk::Strides;
 
+// Error messages built without iostreams. A TORCH_CHECK with several message arguments formats them through
+// std::ostringstream (c10::str), and in an extension built by g++ 13.3 against torch 2.11's wheel that ended the
+// process with a segmentation fault instead of raising, in a one-function extension as in this one; std::to_string
+// and string concatenation raised as they should (benchmarks/results/h100_20261207b/call4_segv2.log). So every check
+// here passes one message: a literal, or msg(...).
+std::string piece(const char *s) { return s; }
+std::string piece(const std::string &s) { return s; }
+template <typename I, std::enable_if_t<std::is_integral_v<I>, int> = 0> std::string piece(I x) {
+  return std::to_string(x);
+}
+std::string piece(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", x);
+  return buf;
+}
+std::string piece(c10::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+std::string piece(const c10::Device &d) { return d.str(); }
+std::string piece(c10::ScalarType t) { return c10::toString(t); }
+template <typename... A> std::string msg(const A &...parts) {
+  std::string s;
+  (s.append(piece(parts)), ...);
+  return s;
+}
+
 void check_qkv(const at::Tensor &t, const char *name, const at::Tensor &q) {
-  TORCH_CHECK_VALUE(t.is_cuda(), name, " must be a CUDA tensor, got device ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, name,
-                   " must be float16 or bfloat16, got ", t.scalar_type());
-  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), name, " dtype ", t.scalar_type(), " != q dtype ",
-                   q.scalar_type());
-  TORCH_CHECK_VALUE(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
-  TORCH_CHECK_VALUE(t.dim() == 4, name, " must be (B, H, N, head_dim), got ", t.sizes());
-  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), name, " shape ", t.sizes(), " != q shape ", q.sizes());
+  TORCH_CHECK_VALUE(t.is_cuda(), msg(name, " must be a CUDA tensor, got device ", t.device()));
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, msg(name,
+                   " must be float16 or bfloat16, got ", t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), msg(name, " dtype ", t.scalar_type(), " != q dtype ",
+                   q.scalar_type()));
+  TORCH_CHECK_VALUE(t.device() == q.device(), msg(name, " is on ", t.device(), " but q is on ", q.device()));
+  TORCH_CHECK_VALUE(t.dim() == 4, msg(name, " must be (B, H, N, head_dim), got ", t.sizes()));
+  TORCH_CHECK_VALUE(t.sizes() == q.sizes(), msg(name, " shape ", t.sizes(), " != q shape ", q.sizes()));
   const int64_t d = t.size(3);
-  TORCH_CHECK_VALUE(d == 32 || d == 64 || d == 128, name, " head_dim must be 32, 64 or 128 here, got ", d,
-                    " (the Python wrapper pads other head dims)");
-  TORCH_CHECK_VALUE(t.stride(3) == 1, name, " must be contiguous in its last dimension, got strides ",
-                    t.strides());
+  TORCH_CHECK_VALUE(d == 32 || d == 64 || d == 128, msg(name, " head_dim must be 32, 64 or 128 here, got ", d,
+                    " (the Python wrapper pads other head dims)"));
+  TORCH_CHECK_VALUE(t.stride(3) == 1, msg(name, " must be contiguous in its last dimension, got strides ",
+                    t.strides()));
 }
 
 // cp.async moves 16-byte chunks: rows must start on 16-byte boundaries. Otherwise copy once.
@@ -52,7 +83,7 @@ template <typename F> void dispatch(at::ScalarType dtype, int64_t d, F &&f) {
 }
 
 void check_launch(cudaError_t err, const char *what) {
-  TORCH_CHECK(err == cudaSuccess, what, " launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, msg(what, " launch failed: ", cudaGetErrorString(err)));
 }
 
 // TMA tensor maps need every stride of a dimension longer than 1 to be a positive multiple of 16 bytes.
@@ -70,7 +101,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
   check_qkv(q, "q", q);
   check_qkv(k, "k", q);
   check_qkv(v, "v", q);
-  TORCH_CHECK_VALUE(softmax_scale > 0, "softmax_scale must be > 0, got ", softmax_scale);
+  TORCH_CHECK_VALUE(softmax_scale > 0, msg("softmax_scale must be > 0, got ", softmax_scale));
   const c10::cuda::CUDAGuard guard(q.device());
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 forward has kernels for head_dim 64 and 128, got 32");
@@ -79,7 +110,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
     q = aligned(q), k = aligned(k), v = aligned(v);
   }
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
-  TORCH_CHECK_VALUE(H <= 65535 && B <= 65535, "B and H must be <= 65535 (grid limits), got ", B, ", ", H);
+  TORCH_CHECK_VALUE(H <= 65535 && B <= 65535, msg("B and H must be <= 65535 (grid limits), got ", B, ", ", H));
   // (B, N, H, d) in memory, as SDPA does, so the caller's transpose(1, 2).reshape(B, N, H*d) is a view.
   auto out = at::empty_strided({B, H, N, d}, {N * H * d, d, H * d, 1}, q.options());  // (B, N, H, d) transposed
   auto lse = at::empty({B, H, N}, q.options().dtype(at::kFloat));
@@ -97,7 +128,7 @@ std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, doubl
     if constexpr (D != 32) {
       const char *what = "";
       const cudaError_t err = vitk::run_fwd_sm90<DT, D>(p, stream, &what, schedule, persistent);
-      TORCH_CHECK(err == cudaSuccess, "attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err));
+      TORCH_CHECK(err == cudaSuccess, msg("attention forward (sm90): ", what, " failed: ", cudaGetErrorString(err)));
     }
 #endif
   });
@@ -116,11 +147,11 @@ void check_sm90(const at::Tensor &q) {
               "VIT_CUDA_BWD=sm80)");
 #endif
   int major = 0;
-  TORCH_CHECK_VALUE(q.is_cuda(), "q must be a CUDA tensor, got device ", q.device());
+  TORCH_CHECK_VALUE(q.is_cuda(), msg("q must be a CUDA tensor, got device ", q.device()));
   check_launch(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()),
                "reading the compute capability");
-  TORCH_CHECK(major == 9, "the sm90 kernels run on compute capability 9.0 GPUs (H100, H200) only, this is ",
-              major, ".x");
+  TORCH_CHECK(major == 9, msg("the sm90 kernels run on compute capability 9.0 GPUs (H100, H200) only, this is ",
+              major, ".x"));
 }
 
 std::vector<at::Tensor> fwd_sm90(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
@@ -153,10 +184,11 @@ std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at
   const at::Tensor &g = *dqkv;
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), d = q.size(3);
   TORCH_CHECK_VALUE(g.dim() == 5 && g.size(0) == B && g.size(1) == N && g.size(2) == 3 && g.size(3) == H &&
-                        g.size(4) == d, "dqkv must be (B, N, 3, H, d) = (", B, ", ", N, ", 3, ", H, ", ", d, "), got ",
-                    g.sizes());
+                        g.size(4) == d,
+                    msg("dqkv must be (B, N, 3, H, d) = (", B, ", ", N, ", 3, ", H, ", ", d, "), got ", g.sizes()));
   TORCH_CHECK_VALUE(g.is_contiguous() && g.device() == q.device(), "dqkv must be contiguous and on q's device");
-  TORCH_CHECK_TYPE(g.scalar_type() == q.scalar_type(), "dqkv dtype ", g.scalar_type(), " != q dtype ", q.scalar_type());
+  TORCH_CHECK_TYPE(g.scalar_type() == q.scalar_type(),
+                   msg("dqkv dtype ", g.scalar_type(), " != q dtype ", q.scalar_type()));
   // g[:, :, i].transpose(1, 2) as one as_strided each (a permute and an unbind cost about 20 us of CPU more)
   const std::vector<int64_t> st = {g.stride(0), g.stride(3), g.stride(1), 1};
   const int64_t at = g.storage_offset(), step = g.stride(2);
@@ -179,23 +211,23 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   TORCH_CHECK_TYPE(dout.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
                    "dout and out must have q's dtype");
   TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat, "lse must be float32");
-  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
+  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, msg("bwd_warps must be 4 or 8, got ", bwd_warps));
   const int64_t key_tiles = (q.size(2) + 16 * bwd_warps - 1) / (16 * bwd_warps);
-  TORCH_CHECK_VALUE(dq_splits >= 0 && dq_splits <= key_tiles, "dq_splits must be in 0..", key_tiles,
-                    " (key tiles of ", 16 * bwd_warps, " rows), got ", dq_splits);
+  TORCH_CHECK_VALUE(dq_splits >= 0 && dq_splits <= key_tiles, msg("dq_splits must be in 0..", key_tiles,
+                    " (key tiles of ", 16 * bwd_warps, " rows), got ", dq_splits));
   const c10::cuda::CUDAGuard guard(q.device());
   if (dout.stride(3) != 1) dout = dout.contiguous();  // autograd may hand a transposed view
   if (sm90) {
     TORCH_CHECK_VALUE(q.size(3) != 32, "the sm90 backward has kernels for head_dim 64 and 128, got 32");
-    TORCH_CHECK_VALUE(!sm90_opt.dq_cols || q.size(3) == 128, "the column split of dQ needs head_dim 128, got ",
-                      q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_cols || q.size(3) == 128, msg("the column split of dQ needs head_dim 128, got ",
+                      q.size(3)));
     TORCH_CHECK_VALUE(!sm90_opt.overlap || q.size(3) == 64 || sm90_opt.dq_cols,
-                      "the overlapped sm90 consumer needs head_dim 64 (at 128 the ping-pong one, dq_cols), got ",
-                      q.size(3));
+                      msg("the overlapped sm90 consumer needs head_dim 64 (at 128 the ping-pong one, dq_cols), got ",
+                      q.size(3)));
     TORCH_CHECK_VALUE(!(sm90_opt.dq_cols && sm90_opt.overlap) || sm90_opt.dq_tma,
                       "the ping-pong consumer (dq_cols with overlap) adds dQ by TMA: needs dq_tma");
-    TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, "the summed dQ needs head_dim 64, got ", q.size(3));
-    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || q.size(3) == 64, "the row-split dQ needs head_dim 64, got ", q.size(3));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_sum || q.size(3) == 64, msg("the summed dQ needs head_dim 64, got ", q.size(3)));
+    TORCH_CHECK_VALUE(!sm90_opt.dq_rows || q.size(3) == 64, msg("the row-split dQ needs head_dim 64, got ", q.size(3)));
     TORCH_CHECK_VALUE(!sm90_opt.dq_rows || !(sm90_opt.dq_sum || sm90_opt.dq_cols),
                       "the row-split dQ is its own dQ mode: not with dq_cols or dq_sum");
     TORCH_CHECK_VALUE(!(sm90_opt.dq_rows && sm90_opt.overlap) || sm90_opt.dq_tma,
@@ -234,7 +266,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
     if constexpr (D != 32) {
       const char *what = "";
       const cudaError_t err = vitk::run_bwd_sm90<DT, D>(p, stream, &what, sm90_opt);
-      TORCH_CHECK(err == cudaSuccess, "attention backward (sm90): ", what, " failed: ", cudaGetErrorString(err));
+      TORCH_CHECK(err == cudaSuccess, msg("attention backward (sm90): ", what, " failed: ", cudaGetErrorString(err)));
     }
 #endif
   });
@@ -264,9 +296,9 @@ std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at
 // CTAs of the deterministic mma.sync backward (bf16 or fp16, head_dim 32/64/128) that one SM of GPU `device`
 // holds at once. Takes no tensor, so torch.compile's tracing (fake tensors) can ask too.
 int64_t bwd_split_ctas_per_sm(bool bf16, int64_t head_dim, int64_t bwd_warps, int64_t device) {
-  TORCH_CHECK_VALUE(head_dim == 32 || head_dim == 64 || head_dim == 128, "head_dim must be 32, 64 or 128, got ",
-                    head_dim);
-  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, "bwd_warps must be 4 or 8, got ", bwd_warps);
+  TORCH_CHECK_VALUE(head_dim == 32 || head_dim == 64 || head_dim == 128, msg("head_dim must be 32, 64 or 128, got ",
+                    head_dim));
+  TORCH_CHECK_VALUE(bwd_warps == 4 || bwd_warps == 8, msg("bwd_warps must be 4 or 8, got ", bwd_warps));
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   int ctas = 0;
   dispatch(bf16 ? at::kBFloat16 : at::kHalf, head_dim, [&](auto dt, auto hd) {
@@ -279,7 +311,7 @@ int64_t bwd_split_ctas_per_sm(bool bf16, int64_t head_dim, int64_t bwd_warps, in
 at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
   TORCH_CHECK_VALUE(a.is_cuda() && b.is_cuda() && a.device() == b.device(), "a and b must be on one CUDA device");
   TORCH_CHECK_TYPE(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "a and b must be float32");
-  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), "a and b must have one shape, got ", a.sizes(), " and ", b.sizes());
+  TORCH_CHECK_VALUE(a.sizes() == b.sizes(), msg("a and b must have one shape, got ", a.sizes(), " and ", b.sizes()));
   const c10::cuda::CUDAGuard guard(a.device());
   const auto ac = a.contiguous(), bc = b.contiguous();
   auto c = at::empty_like(ac);
