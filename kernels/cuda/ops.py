@@ -72,7 +72,9 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # 1.168 / 1.091, (256, 12, 197) 1.093 / 1.062 vs 1.033 / 0.988; ViT-B/16 training at 1024 px (N = 4097, d = 64),
 # batch 8, vs timm + SDPA: eager +3.6 % vs +4.0 %, compiled -0.4 % vs -0.8 % (call2b, call3): at 64 no clear gain.
 # "persistent" (rows-tma at head_dim 64, columns-tma at 128): the sequential consumers in fewer CTAs, each walking key
-# tiles of its (batch, head) (sm90_key_ctas counts them; built 2026-12-07, not yet run on a GPU: opt-in).
+# tiles of its (batch, head) (sm90_key_ctas counts them). Opt-in: H100, fwd+bwd ms vs auto in one run
+# (benchmarks/results/h100_20261207b/call4_bench.log) 3.911 vs 4.002 at (8, 12, 4096, 64), 14.765 vs 15.256 at
+# (2, 12, 16384, 64), but 1.105 vs 1.080 at (256, 12, 197, 64) and 8.707 vs 8.669 at (8, 16, 4096, 128).
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"

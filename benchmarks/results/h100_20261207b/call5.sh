@@ -1,0 +1,11 @@
+source .device/common.sh
+BUDGET=425
+export MAX_JOBS=16
+{ date -u +%FT%T; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > $OUT/env.txt 2>&1
+phase build 150 python3 -u -c "from kernels.cuda import build; build.extension()"
+phase refuse 80 python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_kernels.py -k "refuses or one_message"
+S=""; for r in cuda-sm80 cuda-sm90 cuda-sm90-bwd90 cuda-sm90-pingpong cuda-sm90-dqcols cuda-sm90-dqtma cuda-sm90-dqcols-tma cuda-sm90-overlap cuda-sm90-dqtma-overlap cuda-sm90-dqsum cuda-sm90-dqsum-tma cuda-sm90-dqsum-tma-overlap cuda-sm90-dqrows cuda-sm90-dqrows-tma cuda-sm90-dqrows-tma-pingpong cuda-sm90-dqcols-tma-pingpong cuda-sm90-wide cuda-sm90-persistent cuda-sm90-bwd-persistent; do S="$S --skip $r"; done
+phase bench 60 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench.json
+phase train1024 300 python3 -m benchmarks.train --models vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 4.9 --out $OUT --name train1024
+finish
+head -2 $OUT/env.txt; tail -2 $OUT/refuse.log; grep -E "^\| [0-9]" $OUT/bench.log | cut -d'|' -f2-9; grep "^| vit" $OUT/train1024.md | cut -d'|' -f2-8
