@@ -22,8 +22,8 @@
 // atomics and measured 10.2 against 12.7 ms fwd+bwd).
 // DQ_TMA (VIT_CUDA_BWD_DQ=tma, columns-tma (the head_dim-128 default), sum-tma, rows-tma): instead of the
 // atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
-// (bank-conflict free for the accumulator fragments), and one thread adds the box into dq_accum with one
-// TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
+// (ncu, H100: 4 shared-store wavefronts per STS.64 where 2 would do), and one thread adds the box into dq_accum
+// with one TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
 // does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
 // after the issuing thread's bulk_wait_read, placed before the step's second dSᵀ barrier (a whole step after the
 // copy was issued, so no thread waits on it unless the copy is still reading).
@@ -204,8 +204,9 @@ __device__ __forceinline__ void bwd_sm90_store_ds(void *dSw, const uint32_t (&sa
 
 // dQ_w (this warpgroup's 64 query rows x 2·NQ columns, the float32 accumulator fragments: element 4j + 2r + u at
 // row 16·warp + g + 8r, column 8j + 2t + u) in the staging boxes TMA reads: 32-column blocks of 64 rows x 128 B,
-// 16-byte chunk c of row r at chunk c ^ (r % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A warp's float2 accesses then touch
-// each bank twice: two wavefronts, no conflict. Offset (floats) of elements 4j + 2r and 4j + 2r + 1:
+// 16-byte chunk c of row r at chunk c ^ (r % 8) (CU_TENSOR_MAP_SWIZZLE_128B). A warp's float2 stores go out as two
+// half-warps, whose rows g and g ^ 1 land on one pair of chunks: 4 wavefronts a store where 2 would do (ncu source
+// page, H100: benchmarks/results/h100_20261207b.md). Offset (floats) of elements 4j + 2r and 4j + 2r + 1:
 __device__ __forceinline__ int dq_box_offset(int j, int r, int warp, int g, int t) {
   const int row = warp * 16 + g + 8 * r, col = 8 * j + 2 * t, lc = col % 32;
   return (col / 32) * 64 * 32 + row * 32 + (((lc / 4) ^ (row % 8)) * 4) + lc % 4;
