@@ -1,6 +1,8 @@
 # Not run yet: branch wip/bwd-elementwise (the Hopper backward's scale applied once, the staged consumers without the
-# query-row mask, the rows-tma consumer in FlashAttention-3's product order) against main, in one call: its GPU tests,
-# then cuda_bench twice each, alternating. Setup on the main checkout: copy this and
+# query-row mask, the rows-tma and columns-tma sequential consumers in FlashAttention-3's product order) against main,
+# in one call: its GPU tests, then cuda_bench twice each, alternating. Rows to read: cuda-auto (rows-tma at 64),
+# cuda-sm90-dqrows-tma, cuda-sm90-dqcols-tma (sequential at 128: ordered on the branch) against
+# cuda-sm90-dqcols-tma-pingpong (auto's at 128), cuda-auto-deterministic and cuda-sm90-bwd-persistent. Setup on the main checkout: copy this and
 # benchmarks/results/h200_20261203/common.sh to .device/, `git rev-parse --short HEAD > .device/COMMIT`, and the
 # branch's changed files under .device/wip/:
 #   for f in $(git diff --name-only main wip/bwd-elementwise); do mkdir -p .device/wip/$(dirname $f); git show wip/bwd-elementwise:$f > .device/wip/$f; done
@@ -13,7 +15,7 @@ rm -rf /tmp/wip && mkdir /tmp/wip && cp -r kernels vit benchmarks tests configs 
 WIP="env VIT_KERNELS_BUILD_DIR=/tmp/wipbuild PYTHONPATH=/tmp/site:/tmp/wip"
 phase build_wip 150 bash -c "cd /tmp/wip && $WIP python3 -u -c 'from kernels.cuda import build; build.extension()'"
 phase tests_wip 230 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_eager.py tests/test_cuda_kernels.py"
-S=""; for r in cuda-sm80 cuda-sm90 cuda-sm90-bwd90 cuda-sm90-pingpong cuda-sm90-dqcols cuda-sm90-dqtma cuda-sm90-dqcols-tma cuda-sm90-overlap cuda-sm90-dqtma-overlap cuda-sm90-dqsum cuda-sm90-dqsum-tma cuda-sm90-dqsum-tma-overlap cuda-sm90-dqrows cuda-sm90-dqrows-tma cuda-sm90-dqrows-tma-pingpong cuda-sm90-dqcols-tma-pingpong cuda-sm90-wide cuda-sm90-persistent sdpa-flash; do S="$S --skip $r"; done
+S=""; for r in cuda-sm80 cuda-sm90 cuda-sm90-bwd90 cuda-sm90-pingpong cuda-sm90-dqcols cuda-sm90-dqtma cuda-sm90-overlap cuda-sm90-dqtma-overlap cuda-sm90-dqsum cuda-sm90-dqsum-tma cuda-sm90-dqsum-tma-overlap cuda-sm90-dqrows cuda-sm90-dqrows-tma-pingpong cuda-sm90-wide cuda-sm90-persistent sdpa-flash; do S="$S --skip $r"; done
 for i in 1 2; do
   phase bench_main$i 45 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_main$i.json
   phase bench_wip$i 45 bash -c "cd /tmp/wip && $WIP python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_wip$i.json"
