@@ -2,16 +2,16 @@
 # query-row mask, the rows-tma and columns-tma sequential consumers in FlashAttention-3's product order) against main,
 # in one call: its GPU tests, then cuda_bench twice each, alternating. Rows to read: cuda-auto (rows-tma at 64),
 # cuda-sm90-dqrows-tma, cuda-sm90-dqcols-tma (sequential at 128: ordered on the branch) against
-# cuda-sm90-dqcols-tma-pingpong (auto's at 128), cuda-auto-deterministic and cuda-sm90-bwd-persistent. Setup on the main checkout: copy this and
-# benchmarks/results/h200_20261203/common.sh to .device/, `git rev-parse --short HEAD > .device/COMMIT`, and the
-# branch's changed files under .device/wip/:
-#   for f in $(git diff --name-only main wip/bwd-elementwise); do mkdir -p .device/wip/$(dirname $f); git show wip/bwd-elementwise:$f > .device/wip/$f; done
-# then run with carry [".whl", ".device"]. About 6 minutes.
+# cuda-sm90-dqcols-tma-pingpong (auto's at 128), cuda-auto-deterministic and cuda-sm90-bwd-persistent. The branch's
+# change against main is wip_bwd_ordered.patch beside this script (`git diff main wip/bwd-elementwise`), applied here
+# to a copy of the tree. Setup on the main checkout: copy this and benchmarks/results/h200_20261203/common.sh to
+# .device/, `git rev-parse --short HEAD > .device/COMMIT`, carry [".whl", ".device"]. About 6 minutes.
 source .device/common.sh
 BUDGET=590
 export MAX_JOBS=16
 phase build_main 150 python3 -u -c "from kernels.cuda import build; build.extension()"
-rm -rf /tmp/wip && mkdir /tmp/wip && cp -r kernels vit benchmarks tests configs *.py pyproject.toml /tmp/wip/ && cp -r .device/wip/. /tmp/wip/
+rm -rf /tmp/wip && mkdir /tmp/wip && cp -r kernels vit benchmarks tests configs *.py pyproject.toml /tmp/wip/
+(cd /tmp/wip && patch -p1 < benchmarks/results/h100_20261207b/wip_bwd_ordered.patch) > $OUT/patch.log 2>&1 || exit 1
 WIP="env VIT_KERNELS_BUILD_DIR=/tmp/wipbuild PYTHONPATH=/tmp/site:/tmp/wip"
 phase build_wip 150 bash -c "cd /tmp/wip && $WIP python3 -u -c 'from kernels.cuda import build; build.extension()'"
 phase tests_wip 230 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_eager.py tests/test_cuda_kernels.py"
