@@ -91,6 +91,9 @@ def bench_attention(skip=()):
         # persistent CTAs in the sequential forward, with auto's backward
         backends["cuda-sm90-persistent"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="persistent",
                                                      bwd_sm90="auto")
+        # the ping-pong consumers in persistent CTAs (the forward), with auto's backward
+        backends["cuda-sm90-persistent-pingpong"] = cuda_with("sm90", "auto", bwd_dq="auto",
+                                                              fwd_sm90="persistent-pingpong", bwd_sm90="auto")
         # the backward's CTAs walking key tiles (ops.sm90_key_ctas), with auto's forward
         backends["cuda-sm90-bwd-persistent"] = cuda_with("sm90", "sm90", bwd_dq="auto", fwd_sm90="auto",
                                                          bwd_sm90="persistent")

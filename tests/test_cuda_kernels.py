@@ -86,23 +86,24 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     registers, B transposed). Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
     of a tile's products after one WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are
     written while one is in flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it: the
-    xfail below), and named-barrier arrivals.
+    xfail below), and named-barrier arrivals; in persistent CTAs too.
     All: TMA loads, mbarrier waits, setmaxnreg, no local memory."""
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
-    kinds = {("0", "0"): "sequential", ("1", "0"): "pingpong", ("2", "0"): "wide", ("0", "1"): "persistent"}
+    kinds = {("0", "0"): "sequential", ("1", "0"): "pingpong", ("2", "0"): "wide", ("0", "1"): "persistent",
+             ("1", "1"): "persistent-pingpong"}
     for name in names:  # fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         functions = _functions(_sass(cubins[("sm_90a", name)][0]))
         schedules = {kinds[re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi(\d)ELi\dELb(\d)E", f).groups()]: sass
                      for f, sass in functions.items() if "fwd_sm90_kernel" in f}
-        expected = {"sequential", "pingpong", "persistent"} | ({"wide"} if d == "64" else set())
+        expected = {"sequential", "pingpong", "persistent", "persistent-pingpong"} | ({"wide"} if d == "64" else set())
         assert set(schedules) == expected, f"{name}: {list(functions)}"
         suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
         ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
         rs = rf"HGMMA\.64x{d}x16\.F32{suffix} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB"
         for schedule, sass in schedules.items():
-            copies = 2 if schedule == "pingpong" else 1
+            copies = 2 if schedule.endswith("pingpong") else 1
             where = f"{name} ({schedule})"
             assert len(re.findall(ss, sass)) == copies * int(d) // 16, f"{where}: S = Q Kᵀ is not {int(d) // 16} HGMMA"
             assert len(re.findall(rs, sass)) == copies * 8, f"{where}: O += P V is not 8 HGMMA with A from registers"
@@ -111,10 +112,11 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
             assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{where}: no setmaxnreg"
             assert "HMMA.16816" not in sass and "LDGSTS" not in sass, f"{where}: mma.sync or cp.async left in"
             assert "STL" not in sass and "LDL" not in sass, f"{where}: registers spilled to local memory"
-        pingpong = schedules["pingpong"]
-        assert pingpong.count("WARPGROUP.ARRIVE") == 3, f"{name}: pingpong's wgmmas are serialised"
-        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in pingpong, f"{name}: no wait that leaves P·V in flight"
-        assert "BAR.ARV" in pingpong and "BAR.SYNC" in pingpong, f"{name}: no named-barrier hand-off"
+        for schedule in ("pingpong", "persistent-pingpong"):
+            pingpong = schedules[schedule]
+            assert pingpong.count("WARPGROUP.ARRIVE") == 3, f"{name} ({schedule}): its wgmmas are serialised"
+            assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in pingpong, f"{name} ({schedule}): no wait leaving P·V in flight"
+            assert "BAR.ARV" in pingpong and "BAR.SYNC" in pingpong, f"{name} ({schedule}): no named-barrier hand-off"
 
 
 @pytest.mark.parametrize("head_dim", [64, pytest.param(128, marks=pytest.mark.xfail(
@@ -429,7 +431,7 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 
 class _Sm90Ext:
     fwd_sm90, fwd_sm90_pingpong, fwd_sm90_wide = "sequential forward", "pingpong forward", "wide forward"
-    fwd_sm90_persistent = "persistent forward"
+    fwd_sm90_persistent, fwd_sm90_persistent_pingpong = "persistent forward", "persistent-pingpong forward"
 
 
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
@@ -451,6 +453,8 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
         ops.sm90_forward(_Sm90Ext, q128)
     monkeypatch.setattr(ops, "FWD_SM90", "persistent")
     assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent forward"
+    monkeypatch.setattr(ops, "FWD_SM90", "persistent-pingpong")
+    assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent-pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
     with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
         ops.sm90_forward(_Sm90Ext, q128)
@@ -576,7 +580,7 @@ if ops.BWD_DQ == "auto":
     shapes = ((1, 64), (300, 64), (1, 128), (300, 128))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
-B = 96 if "persistent" in (ops.FWD_SM90, ops.BWD_SM90) else 2  # persistent: 864 tiles at N = 300, each CTA walks several
+B = 96 if ops.FWD_SM90.startswith("persistent") or ops.BWD_SM90 == "persistent" else 2  # 864 tiles at N = 300: several a CTA
 if ops.BWD_SM90 == "persistent":  # key CTAs counted for one SM: one CTA per (batch, head) walks its every key tile
     ops._sm_count = lambda index: 1
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
@@ -596,7 +600,8 @@ print("finished")
     ("rows-tma", "sequential", "sequential"), ("rows-tma", "sequential", "pingpong"),
     ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential"),
     ("columns-tma", "persistent", "sequential"), ("rows-tma", "persistent", "sequential"),
-    ("rows-tma", "sequential", "persistent"), ("columns-tma", "sequential", "persistent")])
+    ("rows-tma", "sequential", "persistent"), ("columns-tma", "sequential", "persistent"),
+    ("rows-tma", "persistent-pingpong", "sequential"), ("columns-tma", "persistent-pingpong", "sequential")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers; persistent: one CTA an
     SM looping over the Q tiles) and backward (persistent: one CTA an SM walking the key tiles, K and V reloaded through
@@ -642,7 +647,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
                                  "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide",
-                                 "sm90-persistent", "sm90-persistent-bwd"])
+                                 "sm90-persistent", "sm90-persistent-pp", "sm90-persistent-bwd"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -652,7 +657,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
     every key tile of its (batch, head); sm90-wide: the forward's three consumers, sm90-persistent: its persistent CTAs,
-    each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
+    sm90-persistent-pp: its ping-pong consumers in persistent CTAs, each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -660,6 +665,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd) and head_dim != 64:
         pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide forward are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else
+                        "persistent-pingpong" if bwd == "sm90-persistent-pp" else
                         bwd[5:] if bwd in ("sm90-wide", "sm90-persistent") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
@@ -669,7 +675,8 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
                                         "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto",
-                                        "sm90-persistent": "auto", "sm90-persistent-bwd": "auto"}.get(bwd, "atomic"))
+                                        "sm90-persistent": "auto", "sm90-persistent-pp": "auto",
+                                        "sm90-persistent-bwd": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "persistent" if bwd == "sm90-persistent-bwd" else
                         "sequential")
@@ -756,6 +763,23 @@ def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
     scale = head_dim ** -0.5
     sequential, persistent = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_persistent(q, k, v, scale)
     assert torch.equal(sequential[0], persistent[0]) and torch.equal(sequential[1], persistent[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("B, H, N", _PERSISTENT_SHAPES)
+def test_sm90_persistent_pingpong_forward_equals_pingpong_bitwise(B, H, N, head_dim):
+    """The ping-pong consumers in persistent CTAs, their named-barrier turns running on from one Q tile to the next
+    (only a CTA's first tile opens them, its last closes them): out and lse bitwise the one-CTA-a-tile ping-pong
+    kernel's, at the persistent forward's shapes (one key tile, a dozen Q tiles a CTA)."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    scale = head_dim ** -0.5
+    pingpong, persistent = ext.fwd_sm90_pingpong(q, k, v, scale), ext.fwd_sm90_persistent_pingpong(q, k, v, scale)
+    assert torch.equal(pingpong[0], persistent[0]) and torch.equal(pingpong[1], persistent[1])
 
 
 @pytest.mark.gpu

@@ -95,7 +95,9 @@ FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # 401) 0.294 vs 0.333 / 0.354 / 0.321, (64, 12, 577) 0.221 vs 0.244 / 0.262 / 0.252, (32, 12, 785) 0.204 vs 0.218 /
 # 0.238 / 0.205, but (8, 12, 4096) 0.964 vs wide 0.865; d=128 (256, 12, 197) 0.292 vs 0.344 / 0.333, (64, 12, 577)
 # 0.344 vs 0.378 / 0.368, (32, 12, 1025) 0.514 vs pingpong 0.513, (8, 16, 4096) 1.994 vs pingpong 1.948.
-FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent")
+# "persistent-pingpong": the ping-pong consumers in persistent CTAs, their turns running on from one Q tile to the next
+# (built 2026-12-07, not yet run on a GPU: opt-in).
+FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong")
 
 
 @functools.cache
@@ -268,8 +270,9 @@ def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
     head_dim 128 past N = 1024), ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where
-    :func:`wide_pays`) or ``fwd_sm90_persistent`` ("persistent"; "auto" picks it where :func:`persistent_pays`).
-    Raises ValueError for another value, or "wide" at another head_dim."""
+    :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent"; "auto" picks it where :func:`persistent_pays`) or
+    ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"). Raises ValueError for another value, or "wide" at
+    another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
     if FWD_SM90 == "wide":
@@ -277,6 +280,8 @@ def sm90_forward(ext, q: Tensor):
             raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
         return ext.fwd_sm90_wide
+    if FWD_SM90 == "persistent-pingpong":
+        return ext.fwd_sm90_persistent_pingpong
     if FWD_SM90 == "persistent" or (FWD_SM90 == "auto" and persistent_pays(q.shape[-2], q.shape[-1])):
         return ext.fwd_sm90_persistent
     if FWD_SM90 == "auto" and q.shape[-1] == 64:

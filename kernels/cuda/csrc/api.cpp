@@ -176,6 +176,11 @@ std::vector<at::Tensor> fwd_sm90_persistent(at::Tensor q, at::Tensor k, at::Tens
   return fwd_impl(q, k, v, softmax_scale, true, 0, true);
 }
 
+std::vector<at::Tensor> fwd_sm90_persistent_pingpong(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
+  return fwd_impl(q, k, v, softmax_scale, true, 1, true);
+}
+
 // dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
 // (B, N, 3, H, d) gradient dqkv (contiguous, q's dtype and device), so that the ViT's fused projection gets its
 // gradient without a stack of three.
@@ -332,6 +337,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_persistent", &fwd_sm90_persistent, "fwd_sm90 with one CTA an SM looping over the Q tiles: "
         "(q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90_persistent_pingpong", &fwd_sm90_persistent_pingpong, "fwd_sm90_pingpong with one CTA an SM looping "
+        "over the Q tiles: (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_wide", &fwd_sm90_wide, "fwd_sm90 with three consumer warpgroups, 192 query rows a CTA (head_dim 64): "
         "(q, k, v, softmax_scale) -> [out, lse]");
 #ifdef VITK_SM90A

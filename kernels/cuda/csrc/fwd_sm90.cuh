@@ -256,12 +256,13 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
 // Tile 0 issues S_0 alone, and a last round issues P_{n-1} V_{n-1} alone. Barrier accounting (n tiles): each
 // consumer syncs its barrier n + 1 times and arrives at the other's n + 1 times; consumer 1 arrives at barrier 1
 // once first (consumer 0 goes first) and consumer 0 syncs it once last, so both barriers end balanced.
-template <int DTYPE, int D>
+template <int DTYPE, int D, bool PERSIST = false>
 __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
                                                     const typename Elem<DTYPE>::T *Ks,
                                                     const typename Elem<DTYPE>::T *Vs,
                                                     FwdSm90Barriers<FwdSm90Traits<D>::kStages> &bar, int w, int tid,
-                                                    int m0, int h, int b, int n_blocks) {
+                                                    int m0, int h, int b, int n_blocks, uint32_t it0 = 0,
+                                                    uint32_t local = 0, bool first = true, bool last = true) {
   using T = typename Elem<DTYPE>::T;
   using Tr = FwdSm90Traits<D>;
   constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
@@ -277,27 +278,37 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}, alpha[2];
   uint32_t pa[NS / 8][4];  // P of the tile whose P·V is issued next
 
-  mbar_wait(&bar.q_full, 0);
-  if (w == 1) named_barrier_arrive(1, kBoth);
+  // Key tile j's K/V ring stage and phase: ring step it0 + j (PERSIST: the CTA's earlier Q tiles' steps counted on,
+  // unsigned as fwd_sm90_produce counts them), else j.
+  auto stage = [it0](int j) -> int {
+    if constexpr (PERSIST) return (int)((it0 + j) % S);
+    else return j % S;
+  };
+  auto phase = [it0](int j) -> int {
+    if constexpr (PERSIST) return (int)(((it0 + j) / S) & 1);
+    else return (j / S) & 1;
+  };
+  mbar_wait(&bar.q_full, local & 1);
+  if (w == 1 && first) named_barrier_arrive(1, kBoth);
   {
     float s[NS] = {};
-    mbar_wait(&bar.k_full[0], 0);
+    mbar_wait(&bar.k_full[stage(0)], phase(0));
     named_barrier_sync(mine, kBoth);
     fence_operands(s);
     wgmma_fence();
-    issue_qk<DTYPE, D>(s, Qw, Ks);
+    issue_qk<DTYPE, D>(s, Qw, Ks + stage(0) * BN * D);
     named_barrier_arrive(theirs, kBoth);
     wgmma_wait<0>();
     fence_operands(s);
-    mbar_arrive(&bar.k_empty[0]);
+    mbar_arrive(&bar.k_empty[stage(0)]);
     fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, 0, p.N, t);  // O is 0: nothing to rescale
     pack_p<DTYPE>(s, pa);
   }
   for (int j = 1; j < n_blocks; ++j) {
-    const int st = j % S, sp = (j - 1) % S;
+    const int st = stage(j), sp = stage(j - 1);
     float s[NS] = {};
-    mbar_wait(&bar.k_full[st], (j / S) & 1);
-    mbar_wait(&bar.v_full[sp], ((j - 1) / S) & 1);
+    mbar_wait(&bar.k_full[st], phase(j));
+    mbar_wait(&bar.v_full[sp], phase(j - 1));
     named_barrier_sync(mine, kBoth);
     fence_operands(s);
     fence_operands(o);
@@ -324,8 +335,8 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     pack_p<DTYPE>(s, pa);  // after the product: packing while it ran serialised every wgmma (ptxas C7513)
   }
   {
-    const int sp = (n_blocks - 1) % S;
-    mbar_wait(&bar.v_full[sp], ((n_blocks - 1) / S) & 1);
+    const int sp = stage(n_blocks - 1);
+    mbar_wait(&bar.v_full[sp], phase(n_blocks - 1));
     named_barrier_sync(mine, kBoth);
     fence_operands(o);
     fence_operands(pa);
@@ -337,7 +348,8 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     fence_operands(pa);
     mbar_arrive(&bar.v_empty[sp]);
   }
-  if (w == 0) named_barrier_sync(1, kBoth);
+  if constexpr (PERSIST) mbar_arrive(&bar.q_empty);
+  if (w == 0 && last) named_barrier_sync(1, kBoth);
   fwd_sm90_store<DTYPE, D>(p, o, row_max, row_sum, m0 + w * 64 + warp * 16 + g, t, h, b);
 }
 
@@ -347,7 +359,7 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
 // (cuDNN's Hopper kernels run one persistent CTA an SM: benchmarks/results/h100_20261207.md).
 // PRODUCER: the producer thread's loop, else consumer warpgroup w's; called apart, each after its setmaxnreg (a loop
 // that branches on the warpgroup inside makes ptxas ignore setmaxnreg: C7507).
-template <typename Tr, int DTYPE, int D, int C, bool PRODUCER, typename T>
+template <typename Tr, int DTYPE, int D, int C, int SCHEDULE, bool PRODUCER, typename T>
 __device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const CUtensorMap *tm_k,
                                                  const CUtensorMap *tm_v, const FwdParams &p, T *Qs, T *Ks, T *Vs,
                                                  FwdSm90Barriers<Tr::kStages> &bar, int w, int tid, int n_blocks) {
@@ -357,6 +369,9 @@ __device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const 
     const int m0 = tile % m_blocks * Tr::kBlockM, h = tile / m_blocks % p.H, b = tile / m_blocks / p.H;
     if constexpr (PRODUCER)
       fwd_sm90_produce<Tr, true>(tm_q, tm_k, tm_v, Qs, Ks, Vs, bar, m0, h, b, n_blocks, it, local);
+    else if constexpr (SCHEDULE == kFwdPingpong)  // the turns run on across tiles: first / last balance them
+      fwd_sm90_consume_pp<DTYPE, D, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local, local == 0,
+                                          tile + (int)gridDim.x >= tiles);
     else fwd_sm90_consume<DTYPE, D, C, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local);
   }
 }
@@ -391,14 +406,15 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     mbar_fence_init();
   }
   __syncthreads();
-  static_assert(!PERSIST || SCHEDULE == kFwdSequential, "persistent CTAs: the two sequential consumers only");
+  static_assert(!PERSIST || SCHEDULE != kFwdWide, "persistent CTAs: two consumers, sequential or ping-pong");
   if constexpr (PERSIST) {
     if (wg == 0) {
       setmaxnreg_dec<Tr::kProducerRegs>();
-      if (tid == 0) fwd_sm90_persist<Tr, DTYPE, D, C, true>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, 0, tid, n_blocks);
+      if (tid == 0)
+        fwd_sm90_persist<Tr, DTYPE, D, C, SCHEDULE, true>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, 0, tid, n_blocks);
     } else {
       setmaxnreg_inc<Tr::kConsumerRegs>();
-      fwd_sm90_persist<Tr, DTYPE, D, C, false>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, wg - 1, tid, n_blocks);
+      fwd_sm90_persist<Tr, DTYPE, D, C, SCHEDULE, false>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, wg - 1, tid, n_blocks);
     }
   } else if (wg == 0) {
     setmaxnreg_dec<Tr::kProducerRegs>();
@@ -501,22 +517,24 @@ cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char 
 }
 
 // `schedule`: kFwdSequential, kFwdPingpong or kFwdWide (head_dim 64 only; an error at 128); `persistent`: one CTA an
-// SM looping over the Q tiles (kFwdSequential only: with three consumers, capped at 128 registers by its 512 threads,
-// ptxas 13.0 spilled 24-68 bytes in the key loop; an error with the others).
+// SM looping over the Q tiles (kFwdSequential or kFwdPingpong; an error with kFwdWide: with three consumers, capped at
+// 128 registers by its 512 threads, ptxas 13.0 spilled 24-68 bytes in the key loop).
 template <int DTYPE, int D>
 cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what, int schedule, bool persistent) {
   if (tensor_map_encoder() == nullptr) {
     *what = "cuTensorMapEncodeTiled is missing from the CUDA driver (needs a CUDA 12+ driver)";
     return cudaErrorNotSupported;
   }
-  if (schedule == kFwdPingpong && !persistent) return launch_fwd_sm90<DTYPE, D, kFwdPingpong>(p, stream, what);
+  if (schedule == kFwdPingpong)
+    return persistent ? launch_fwd_sm90<DTYPE, D, kFwdPingpong, true>(p, stream, what)
+                      : launch_fwd_sm90<DTYPE, D, kFwdPingpong>(p, stream, what);
   if (schedule == kFwdSequential)
     return persistent ? launch_fwd_sm90<DTYPE, D, kFwdSequential, true>(p, stream, what)
                       : launch_fwd_sm90<DTYPE, D, kFwdSequential>(p, stream, what);
   if constexpr (D == 64) {
     if (schedule == kFwdWide && !persistent) return launch_fwd_sm90<DTYPE, D, kFwdWide>(p, stream, what);
   }
-  *what = "this sm90 forward schedule (wide: head_dim 64 only; persistent: sequential only)";
+  *what = "this sm90 forward schedule (wide: head_dim 64 only; persistent: sequential or pingpong)";
   return cudaErrorInvalidValue;
 }
 
