@@ -17,7 +17,9 @@ split by rows across the consumers, VIT_CUDA_BWD_DQ=rows / rows-tma; head_dim 64
 by the two consumers in turn, VIT_CUDA_BWD_SM90=pingpong), ``cuda-sm90-pingpong`` (the Hopper forward's
 pipelined consumers, VIT_CUDA_FWD_SM90=pingpong, with the mma.sync backward), ``cuda-sm90-wide`` (its three consumer
 warpgroups, VIT_CUDA_FWD_SM90=wide, head_dim 64, with auto's backward), ``cuda-sm90-persistent`` (its two sequential
-consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's backward), ``cuda-sm90-bwd-persistent``
+consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's backward),
+``cuda-sm90-persistent-pingpong`` (its ping-pong consumers so, VIT_CUDA_FWD_SM90=persistent-pingpong, with auto's
+backward), ``cuda-sm90-bwd-persistent``
 (the backward's sequential consumers in CTAs walking key tiles, VIT_CUDA_BWD_SM90=persistent, with auto's forward) and
 ``cuda-auto`` (the default
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the

@@ -124,12 +124,15 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
                         "(with it after them the kernel runs out of registers: benchmarks/results/cuda_h200.md)"))])
 def test_sm90_pingpong_softmax_overlaps_pv(cubins, head_dim):
     """The intra-warpgroup overlap in the SASS: the softmax's exponentials (MUFU.EX2, 64 and the 2 rescale factors)
-    between the wait that leaves P·V running (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0)."""
+    between the wait that leaves P·V running (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0), in the ping-pong kernel
+    and in its persistent twin."""
     for name in [name for (_, name) in cubins if name.startswith(f"fwd_sm90_hdim{head_dim}_")]:
-        sass = next(f for k, f in _functions(_sass(cubins[("sm_90a", name)][0])).items()
-                    if re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi1E", k))  # SCHEDULE 1: pingpong
-        between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
-        assert between.count("MUFU.EX2") == 66, f"{name}: the softmax waits for P·V"
+        kernels = {k: f for k, f in _functions(_sass(cubins[("sm_90a", name)][0])).items()
+                   if re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi1E", k)}  # SCHEDULE 1: pingpong, PERSIST or not
+        assert len(kernels) == 2, (name, list(kernels))
+        for kernel, sass in kernels.items():
+            between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
+            assert between.count("MUFU.EX2") == 66, f"{name} {kernel}: the softmax waits for P·V"
 
 
 def _functions(sass: str) -> dict[str, str]:
@@ -647,7 +650,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
                                  "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide",
-                                 "sm90-persistent", "sm90-persistent-pp", "sm90-persistent-bwd"])
+                                 "sm90-persistent", "sm90-persistent-ppfwd", "sm90-persistent-bwd"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -657,7 +660,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
     every key tile of its (batch, head); sm90-wide: the forward's three consumers, sm90-persistent: its persistent CTAs,
-    sm90-persistent-pp: its ping-pong consumers in persistent CTAs, each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
+    sm90-persistent-ppfwd: its ping-pong consumers in persistent CTAs, each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
@@ -665,7 +668,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd) and head_dim != 64:
         pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide forward are for head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else
-                        "persistent-pingpong" if bwd == "sm90-persistent-pp" else
+                        "persistent-pingpong" if bwd == "sm90-persistent-ppfwd" else
                         bwd[5:] if bwd in ("sm90-wide", "sm90-persistent") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
@@ -675,7 +678,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-overlap-dqsum-tma": "sum-tma", "sm90-dqrows": "rows",
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
                                         "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto",
-                                        "sm90-persistent": "auto", "sm90-persistent-pp": "auto",
+                                        "sm90-persistent": "auto", "sm90-persistent-ppfwd": "auto",
                                         "sm90-persistent-bwd": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "persistent" if bwd == "sm90-persistent-bwd" else
@@ -719,7 +722,7 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
 
 
 # (B, H, N) of the persistent kernels' GPU tests: fewer tiles than SMs, about as many, and many more (a dozen a CTA)
-_PERSISTENT_SHAPES = [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (8, 12, 1025), (1, 3, 4097)]
+_PERSISTENT_SHAPES = [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (96, 12, 100), (8, 12, 1025), (1, 3, 4097)]
 
 
 @pytest.mark.gpu
@@ -771,7 +774,8 @@ def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
 def test_sm90_persistent_pingpong_forward_equals_pingpong_bitwise(B, H, N, head_dim):
     """The ping-pong consumers in persistent CTAs, their named-barrier turns running on from one Q tile to the next
     (only a CTA's first tile opens them, its last closes them): out and lse bitwise the one-CTA-a-tile ping-pong
-    kernel's, at the persistent forward's shapes (one key tile, a dozen Q tiles a CTA)."""
+    kernel's, at the persistent forward's shapes (1 to 33 key tiles; up to 9 Q tiles a CTA, of one key tile each at
+    (96, 12, 100))."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     ext = build.extension()

@@ -1,7 +1,6 @@
 """Hopper forward schedules (sequential, pingpong, wide, persistent) against cuDNN's forward, bf16, CUDA events,
 median of 3 runs of 20 after warm-up; ViT shapes (batch such that B*N ~ 50k tokens) and the long ones."""
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +39,7 @@ for B, H, N, d in shapes:
     qkv = torch.randn(B, N, 3, H, d, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     s = d**-0.5
-    row = [ms(lambda: cudnn(q, k, v, s))]
+    row = [ms(lambda q=q, k=k, v=v, s=s: cudnn(q, k, v, s))]
     for name in ("fwd_sm90", "fwd_sm90_pingpong", "fwd_sm90_wide", "fwd_sm90_persistent"):
-        row.append(ms(lambda f=getattr(ext, name): f(q, k, v, s)) if not (name.endswith("wide") and d != 64) else float("nan"))
+        row.append(ms(lambda f=getattr(ext, name), q=q, k=k, v=v, s=s: f(q, k, v, s)) if not (name.endswith("wide") and d != 64) else float("nan"))
     print(f"| {B} | {H} | {N} | {d} | " + " | ".join(f"{t:.3f}" for t in row) + " |", flush=True)

@@ -324,8 +324,9 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     if constexpr (D == 64) {
       // A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the next wait above the
       // softmax: in the SASS all 66 MUFU.EX2 then run under P·V. At D = 128 the overlap ran out of registers
-      // (C7512, 200 B of spills), so there ptxas keeps its early wait.
-      if (p.N < 0) asm volatile("trap;");
+      // (C7512, 200 B of spills), so there ptxas keeps its early wait. PERSIST: ptxas moved 65 of the 66 past a
+      // branch on N; one on the row sums (never negative, NaN compares false) comes after all of them.
+      if (PERSIST ? row_sum[0] + row_sum[1] < 0.f : p.N < 0) asm volatile("trap;");
     }
     wgmma_wait<0>();
     fence_operands(o);
@@ -414,7 +415,8 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
         fwd_sm90_persist<Tr, DTYPE, D, C, SCHEDULE, true>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, 0, tid, n_blocks);
     } else {
       setmaxnreg_inc<Tr::kConsumerRegs>();
-      fwd_sm90_persist<Tr, DTYPE, D, C, SCHEDULE, false>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, wg - 1, tid, n_blocks);
+      fwd_sm90_persist<Tr, DTYPE, D, C, SCHEDULE, false>(&tm_q, &tm_k, &tm_v, p, Qs, Ks, Vs, bar, wg - 1, tid,
+                                                         n_blocks);
     }
   } else if (wg == 0) {
     setmaxnreg_dec<Tr::kProducerRegs>();
