@@ -41,5 +41,6 @@ for B, H, N, d in shapes:
     s = d**-0.5
     row = [ms(lambda q=q, k=k, v=v, s=s: cudnn(q, k, v, s))]
     for name in ("fwd_sm90", "fwd_sm90_pingpong", "fwd_sm90_wide", "fwd_sm90_persistent"):
-        row.append(ms(lambda f=getattr(ext, name), q=q, k=k, v=v, s=s: f(q, k, v, s)) if not (name.endswith("wide") and d != 64) else float("nan"))
+        fn = getattr(ext, name)
+        row.append(ms(lambda f=fn, q=q, k=k, v=v, s=s: f(q, k, v, s)) if not (name.endswith("wide") and d != 64) else float("nan"))
     print(f"| {B} | {H} | {N} | {d} | " + " | ".join(f"{t:.3f}" for t in row) + " |", flush=True)
