@@ -1,5 +1,7 @@
 """Does a formatted TORCH_CHECK crash in any C++ extension built here, or only in ours? A tiny CPU-only one."""
-import subprocess, sys
+import subprocess
+import sys
+
 from torch.utils.cpp_extension import load_inline
 
 SRC = r'''
