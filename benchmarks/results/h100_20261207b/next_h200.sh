@@ -13,8 +13,8 @@ if [ "$1" = a ]; then
   phase bench 60 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench.json
   phase train1024 330 python3 -m benchmarks.train --models vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 5.2 --out $OUT --name train1024
 else
-  phase train512 200 python3 -m benchmarks.train --preset range --models vit_base_patch16_512 --eager timm flash cuda --compiled timm cuda --rounds 2 --steps 20 --max-minutes 3.3 --out $OUT --name train512
-  phase train224 200 python3 -m benchmarks.train --models vit_base_patch16_224 --batch-size 256 --eager timm flash cuda --compiled timm cuda --rounds 2 --steps 20 --max-minutes 3.3 --out $OUT --name train224
+  phase train512 240 python3 -m benchmarks.train --preset range --models vit_base_patch16_512 --eager timm flash cuda --compiled timm cuda --rounds 2 --steps 20 --max-minutes 3.8 --out $OUT --name train512
+  phase train224 240 python3 -m benchmarks.train --models vit_base_patch16_224 --batch-size 256 --eager timm flash cuda --compiled timm cuda --rounds 2 --steps 20 --max-minutes 3.8 --out $OUT --name train224
 fi
 finish
 tail -2 $OUT/refuse.log 2>/dev/null; grep -E "^\| [0-9]" $OUT/bench.log 2>/dev/null | cut -d'|' -f2-9; for f in train1024 train512 train224; do grep "^| vit" $OUT/$f.md 2>/dev/null | cut -d'|' -f2-8; done
