@@ -1,7 +1,7 @@
 """Focused benchmark for the CUDA C++ backend: attention beside SDPA's flash (and cuDNN) backends,
 and the vector-add example beside torch.add and a device-to-device copy.
 
-    python benchmarks/cuda_bench.py [--json out.json] [--attention-only] [--skip BACKEND ...]
+    python benchmarks/cuda_bench.py [--json out.json] [--attention-only] [--skip BACKEND ...] [--rounds R]
 
 Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5× that. Our rows:
 ``cuda-sm80`` (mma.sync kernels, backward with 8 warps) and, on compute capability 9.0,
@@ -25,8 +25,13 @@ backward), ``cuda-sm90-bwd-persistent``
 rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
 Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
-copy = 2 · 4 · n. CUDA events, 3 warm-ups, median of 20, inputs rotated over two sets larger than
-the 60 MB L2 together.
+copy = 2 · 4 · n. GPU time by CUDA events: 3 warm-ups, then 20 calls enqueued back to back with an event pair each and
+one synchronize at the end (host work overlapped, as a training loop runs them), the median; inputs rotated over two
+sets larger than the 60 MB L2 together. Until 2026-12-07 each call synchronized before the next, so a call whose host
+dispatch outlasted the GPU's queue counted that dispatch too: cuDNN's fwd+bwd at (256, 12, 197, 64) then read
+0.88-1.06 ms across four H100 runs (benchmarks/results/h100_20261207b.md). ``--rounds R`` times every row R times,
+the rows of a shape interleaved and their order rotated each round, and reports the median round with the spread
+(max − min over the median) of fwd+bwd.
 """
 from __future__ import annotations
 
@@ -49,19 +54,17 @@ SHAPES = [(8, 12, 4096, 64), (256, 12, 197, 64), (2, 12, 16384, 64), (64, 12, 57
 
 
 def time_ms(fn, args_list, warmup=3, rep=20) -> float:
+    """Median GPU milliseconds of ``fn(*args_list[i % len])`` over ``rep`` calls enqueued back to back (an event pair
+    each, one synchronize at the end) after ``warmup`` untimed calls."""
     for i in range(warmup):
         fn(*args_list[i % len(args_list)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(rep):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        args = args_list[i % len(args_list)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rep)]
+    for i, (start, end) in enumerate(events):
         start.record()
-        fn(*args)
+        fn(*args_list[i % len(args_list)])
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def sdpa(backend):
@@ -80,7 +83,7 @@ def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", determini
     return fn
 
 
-def bench_attention(skip=()):
+def bench_attention(skip=(), rounds=1):
     # Peers first: a kernel of ours that faults poisons the CUDA context for every later row.
     backends = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "cuda-sm80": cuda_with("sm80")}
@@ -117,11 +120,26 @@ def bench_attention(skip=()):
                                                               bwd_sm90="pingpong")
         backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", fwd_sm90="auto",
                                                               bwd_sm90="pingpong")
-    return bench_shapes(backends, skip)
+    return bench_shapes(backends, skip, rounds)
 
 
-def bench_shapes(backends, skip) -> list[dict]:
-    """One row per (shape, backend) of ``backends``, shapes outermost."""
+def runs_at(name: str, d: int) -> bool:
+    """Whether backend row ``name`` has a kernel at head_dim ``d`` (the column split at 128, some at 64 only)."""
+    d64_only = name.endswith(("overlap", "wide")) or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
+    return not ((name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64))
+
+
+def time_pair(fn, sets) -> tuple[float, float]:
+    """(forward ms, forward+backward ms) of ``fn`` on the rotated input ``sets``."""
+    fwd = time_ms(lambda q, k, v, do: fn(q.detach(), k.detach(), v.detach()), sets)
+    fwd_bwd = time_ms(lambda q, k, v, do: torch.autograd.grad(fn(q, k, v), (q, k, v), do), sets)
+    return fwd, fwd_bwd
+
+
+def bench_shapes(backends, skip, rounds=1) -> list[dict]:
+    """One row per (shape, backend) of ``backends``, shapes outermost. Round 0 runs the rows in the order given (peers
+    first); rounds 1.. rotate that order. Each row reports its median forward and forward+backward over the rounds and
+    the fwd+bwd spread, (max − min) / median."""
     rows = []
     for B, H, N, d in SHAPES if backends else []:
         sets = []
@@ -129,23 +147,29 @@ def bench_shapes(backends, skip) -> list[dict]:
             q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
             sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
         flops = 4 * B * H * N * N * d
+        q, k, v, _ = sets[0]
         with torch.no_grad():
-            q, k, v, _ = sets[0]
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
+        errs, times = {}, {}
         for name, fn in backends.items():
-            d64_only = name.endswith(("overlap", "wide")) or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
-            if name in skip or (name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64):
+            if name in skip or not runs_at(name, d):
                 continue
             try:
                 with torch.no_grad():
-                    err = (fn(q, k, v).float() - reference).abs().max().item()
-                fwd = time_ms(lambda q, k, v, do, fn=fn: fn(q.detach(), k.detach(), v.detach()), sets)
-                fwd_bwd = time_ms(lambda q, k, v, do, fn=fn: torch.autograd.grad(fn(q, k, v), (q, k, v), do), sets)
+                    errs[name] = (fn(q, k, v).float() - reference).abs().max().item()
+                times[name] = [time_pair(fn, sets)]
             except RuntimeError as exc:  # a backend PyTorch cannot run at this shape
                 print(f"{name} {B, H, N, d}: {exc}")
-                continue
+        names = list(times)
+        for r in range(1, rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(time_pair(backends[name], sets))
+        for name, pairs in times.items():
+            fwd, fwd_bwd = (statistics.median(t[i] for t in pairs) for i in (0, 1))
+            spread = (max(t[1] for t in pairs) - min(t[1] for t in pairs)) / fwd_bwd
             rows.append({"B": B, "H": H, "N": N, "d": d, "backend": name, "fwd_ms": fwd, "fwd_tflops": flops / fwd / 1e9,
-                         "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd / 1e9, "fwd_err": err})
+                         "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 3.5 * flops / fwd_bwd / 1e9, "fwd_err": errs[name],
+                         "rounds": len(pairs), "fwd_bwd_spread": spread})
         del reference
         del sets
         torch.cuda.empty_cache()
@@ -172,19 +196,22 @@ def main():
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--attention-only", action="store_true", help="skip the vector-add table")
     parser.add_argument("--skip", action="append", default=[], help="leave out this backend row (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1, help="time every row this many times, interleaved (≥ 1)")
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    attn = bench_attention(skip=args.skip)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    attn = bench_attention(skip=args.skip, rounds=args.rounds)
     print("\n| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd vs cudnn "
-          "| fwd+bwd vs cudnn | fwd+bwd vs sdpa-flash | fwd err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| fwd+bwd vs cudnn | fwd+bwd vs sdpa-flash | fwd err | fwd+bwd spread |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in attn:
         peer = {x["backend"]: x for x in attn if (x["B"], x["N"], x["d"]) == (r["B"], r["N"], r["d"])}
         flash, cudnn = peer.get("sdpa-flash", r), peer.get("sdpa-cudnn", r)
         print(f"| {r['B']} | {r['H']} | {r['N']} | {r['d']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} "
               f"| {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tflops']:.0f} | {cudnn['fwd_ms'] / r['fwd_ms']:.2f}x "
               f"| {cudnn['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x | {flash['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x "
-              f"| {r['fwd_err']:.1e} |")
+              f"| {r['fwd_err']:.1e} | {r['fwd_bwd_spread']:.0%} ({r['rounds']}) |")
     if args.attention_only:
         if args.json:
             with open(args.json, "w") as f:

@@ -10,7 +10,7 @@ phase build 150 python3 -u -c "from kernels.cuda import build; build.extension()
 if [ "$1" = a ]; then
   phase refuse 80 python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_kernels.py -k "refuses or (test_sm90_kernels_finish and persistent)"
   S=""; for r in cuda-sm80 cuda-sm90 cuda-sm90-bwd90 cuda-sm90-pingpong cuda-sm90-dqcols cuda-sm90-dqtma cuda-sm90-dqcols-tma cuda-sm90-overlap cuda-sm90-dqtma-overlap cuda-sm90-dqsum cuda-sm90-dqsum-tma cuda-sm90-dqsum-tma-overlap cuda-sm90-dqrows cuda-sm90-dqrows-tma cuda-sm90-dqrows-tma-pingpong cuda-sm90-dqcols-tma-pingpong cuda-sm90-wide cuda-sm90-persistent; do S="$S --skip $r"; done
-  phase bench 60 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench.json
+  phase bench 100 python3 -u benchmarks/cuda_bench.py --attention-only --rounds 3 $S --json $OUT/bench.json
   phase train1024 330 python3 -m benchmarks.train --models vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 5.2 --out $OUT --name train1024
 else
   phase train512 240 python3 -m benchmarks.train --preset range --models vit_base_patch16_512 --eager timm flash cuda --compiled timm cuda --rounds 2 --steps 20 --max-minutes 3.8 --out $OUT --name train512
