@@ -27,9 +27,10 @@ Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mm
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. GPU time by CUDA events: 3 warm-ups, then 20 calls enqueued back to back with an event pair each and
 one synchronize at the end (host work overlapped, as a training loop runs them), the median; inputs rotated over two
-sets larger than the 60 MB L2 together. Until 2026-12-07 each call synchronized before the next, so a call whose host
-dispatch outlasted the GPU's queue counted that dispatch too: cuDNN's fwd+bwd at (256, 12, 197, 64) then read
-0.88-1.06 ms across four H100 runs (benchmarks/results/h100_20261207b.md). ``--rounds R`` times every row R times,
+sets larger than the 60 MB L2 together. Until 2026-12-07 each call synchronized before the next, so each call's time
+also counted the host's dispatch up to its first kernel and any gap after it; cuDNN's fwd+bwd at (256, 12, 197, 64)
+then read 0.88-1.06 ms across four H100 runs (benchmarks/results/h100_20261207b.md), a spread that host time would
+explain (not shown). ``--rounds R`` times every row R times,
 the rows of a shape interleaved and their order rotated each round, and reports the median round with the spread
 (max − min over the median) of fwd+bwd.
 """
