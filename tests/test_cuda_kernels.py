@@ -721,6 +721,19 @@ def test_sm90_pingpong_forward_equals_sequential_bitwise(N, head_dim):
     assert torch.equal(sequential[0], pingpong[0]) and torch.equal(sequential[1], pingpong[1])
 
 
+def _assert_forwards_equal(first: str, second: str, B: int, H: int, N: int, head_dim: int, dtype=torch.bfloat16):
+    """The extension's forwards ``first`` and ``second`` give bitwise equal out and lse on fresh packed (B, N, 3, H, d)
+    inputs, split into the strided (B, H, N, d) views the ViT passes; skips off Hopper."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    ext = build.extension()
+    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=dtype)
+    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
+    scale = head_dim ** -0.5
+    one, other = getattr(ext, first)(q, k, v, scale), getattr(ext, second)(q, k, v, scale)
+    assert torch.equal(one[0], other[0]) and torch.equal(one[1], other[1]), (first, second)
+
+
 # (B, H, N) of the persistent kernels' GPU tests: fewer tiles than SMs, about as many, and many more (a dozen a CTA)
 _PERSISTENT_SHAPES = [(1, 1, 1), (2, 5, 129), (3, 7, 197), (64, 12, 197), (96, 12, 100), (8, 12, 1025), (1, 3, 4097)]
 
@@ -758,14 +771,7 @@ def test_sm90_persistent_forward_equals_sequential_bitwise(B, H, N, head_dim):
     """Persistent CTAs (one an SM, each looping over Q tiles c, c + CTAs, ...) do each tile's arithmetic as the
     one-CTA-a-tile kernel does: out and lse bitwise equal, with fewer tiles than SMs, about as many, and many more
     (1536 at (64, 12, 197): a dozen per CTA, so the K/V ring and the Q hand-off wrap many times); packed views."""
-    if not is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
-    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
-    scale = head_dim ** -0.5
-    sequential, persistent = ext.fwd_sm90(q, k, v, scale), ext.fwd_sm90_persistent(q, k, v, scale)
-    assert torch.equal(sequential[0], persistent[0]) and torch.equal(sequential[1], persistent[1])
+    _assert_forwards_equal("fwd_sm90", "fwd_sm90_persistent", B, H, N, head_dim)
 
 
 @pytest.mark.gpu
@@ -776,14 +782,7 @@ def test_sm90_persistent_pingpong_forward_equals_pingpong_bitwise(B, H, N, head_
     (only a CTA's first tile opens them, its last closes them): out and lse bitwise the one-CTA-a-tile ping-pong
     kernel's, at the persistent forward's shapes (1 to 33 key tiles; up to 9 Q tiles a CTA, of one key tile each at
     (96, 12, 100))."""
-    if not is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    qkv = torch.randn(B, N, 3, H, head_dim, device="cuda", dtype=torch.bfloat16)
-    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
-    scale = head_dim ** -0.5
-    pingpong, persistent = ext.fwd_sm90_pingpong(q, k, v, scale), ext.fwd_sm90_persistent_pingpong(q, k, v, scale)
-    assert torch.equal(pingpong[0], persistent[0]) and torch.equal(pingpong[1], persistent[1])
+    _assert_forwards_equal("fwd_sm90_pingpong", "fwd_sm90_persistent_pingpong", B, H, N, head_dim)
 
 
 @pytest.mark.gpu
@@ -793,13 +792,7 @@ def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
     """Three consumers (192 query rows a CTA) do each row's arithmetic as the two-consumer kernel does: out and lse
     bitwise equal, at N within one CTA, across the 192-row boundary and with a ragged last CTA; packed (strided) q, k,
     v as the ViT passes them."""
-    if not is_hopper():
-        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
-    ext = build.extension()
-    qkv = torch.randn(2, N, 3, 5, 64, device="cuda", dtype=dtype)
-    q, k, v = split_qkv(qkv)  # (B, H, N, d) views of the packed (B, N, 3, H, d)
-    sequential, wide = ext.fwd_sm90(q, k, v, 0.125), ext.fwd_sm90_wide(q, k, v, 0.125)
-    assert torch.equal(sequential[0], wide[0]) and torch.equal(sequential[1], wide[1])
+    _assert_forwards_equal("fwd_sm90", "fwd_sm90_wide", 2, 5, N, 64, dtype)
 
 
 _EXT_ERROR = """
