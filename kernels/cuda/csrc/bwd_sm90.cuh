@@ -6,7 +6,8 @@
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
 // 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer:
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
-//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − delta)·scale, in registers (masked)
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta), in registers (masked);
+//                                     the scale goes onto dK as it is stored and dQ in the dq kernel
 //   dV += Pᵀ dO, dK += dSᵀ Q         wgmma m64nDk16, A = Pᵀ / dSᵀ from registers, B MN-major
 //   dSᵀ -> shared memory (128B-swizzled by hand, as TMA would), then
 //   dQ_w = dS K_w                     wgmma m64nDk16, A = dS (MN-major: dSᵀ's rows are keys), B = K_w
@@ -145,8 +146,10 @@ __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const 
 
 // Pᵀ of one 64-key x BM-query tile in place (s -> Pᵀ, BM/2 elements), zero past N. Thread's element 4c + 2r + u:
 // key `key` + 8r, query m = m0 + 8c + 2t + u; lse is read once per query, at lse[m - lse0] (lse0 = 0: the head's
-// lse in global memory; m0: this step's copy in shared memory).
-template <int NS>
+// lse in global memory; m0: this step's copy in shared memory). STAGED (the copy, zero past N): query rows past N
+// need no mask, as their Q and dO rows are TMA's zero fill, so their Pᵀ = 1 meets dPᵀ = delta = 0 and zero Q and dO
+// rows in every product. Keys past N stay masked: an exp2 of -lse could overflow and meet K's zero rows (inf · 0).
+template <bool STAGED, int NS>
 __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *lse, int lse0, float sl2, int m0, int key,
                                                  int N, int t) {
   const bool key_ok[2] = {key < N, key + 8 < N};
@@ -155,7 +158,7 @@ __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *ls
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
-      const bool ok = m < N;
+      const bool ok = STAGED || m < N;
       const float l2 = ok ? lse[m - lse0] * kLog2e : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -165,21 +168,22 @@ __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *ls
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale in place (dp -> dSᵀ), from bwd_sm90_softmax's Pᵀ; delta read once per query, at
-// delta[m - lse0] as lse.
-template <int NS>
+// dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta) in place (dp -> dSᵀ/scale), from bwd_sm90_softmax's Pᵀ; delta read once per query,
+// at delta[m - lse0] as lse (STAGED: zero past N, no check). softmax_scale is applied once at the end instead of to
+// every element, as FlashAttention-2 does: to dK as it is stored, to dQ by the dq kernel (p.dq_scale).
+template <bool STAGED, int NS>
 __device__ __forceinline__ void bwd_sm90_grad(const float (&s)[NS], float (&dp)[NS], const float *delta, int lse0,
-                                              float scale, int m0, int N, int t) {
+                                              int m0, int N, int t) {
 #pragma unroll
   for (int c = 0; c < NS / 4; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
-      const float dl = m < N ? delta[m - lse0] : 0.f;
+      const float dl = STAGED || m < N ? delta[m - lse0] : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * c + 2 * r + u;
-        dp[i] = s[i] * (dp[i] - dl) * scale;
+        dp[i] = s[i] * (dp[i] - dl);
       }
     }
 }
@@ -234,7 +238,8 @@ template <int NQ> __device__ __forceinline__ void bwd_sm90_add_dq(const float *d
 }
 
 // A consumer's dK and dV (its 64 keys x D, the float32 accumulator fragments: element 4j + 2r + u at key `key` + 8r,
-// column 8j + 2t + u) into the strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient.
+// column 8j + 2t + u) into the strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient; dK
+// times softmax_scale (bwd_sm90_grad leaves it out of dSᵀ).
 template <int DTYPE, int NO>
 __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const float (&dk)[NO], const float (&dv)[NO],
                                                     int key, int t, int h, int b) {
@@ -248,7 +253,8 @@ __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const fl
 #pragma unroll
     for (int j = 0; j < NO / 4; ++j) {
       const int c = 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) =
+          Elem<DTYPE>::pack(dk[4 * j + 2 * r] * p.softmax_scale, dk[4 * j + 2 * r + 1] * p.softmax_scale);
       *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
   }
@@ -419,7 +425,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
   float *dq = p.dq_accum + bh * N * D;
-  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const float sl2 = p.softmax_scale * kLog2e;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   T *dSw = dSs + w * 64 * 64;  // this warpgroup's first dSᵀ row (bwd_sm90_store_ds)
   float *dQw = DQ == kDqSum ? dQs : dQs + w * 64 * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
@@ -454,7 +460,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       wgmma_commit();
       wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
       fence_operands(s);
-      bwd_sm90_softmax(s, lse, 0, sl2, m0, key, N, t);
+      bwd_sm90_softmax<false>(s, lse, 0, sl2, m0, key, N, t);
       if (p.N < 0) asm volatile("trap;");  // never taken: a block boundary keeps ptxas from hoisting the next wait
       wgmma_wait<0>();
       fence_operands(dp);
@@ -467,9 +473,9 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       fence_operands(s);
       fence_operands(dp);
       warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barriers)
-      bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
+      bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
     }
-    bwd_sm90_grad(s, dp, OVERLAP ? delta : lsd_w + BM, OVERLAP ? 0 : m0, scale, m0, N, t);
+    bwd_sm90_grad<!OVERLAP>(s, dp, OVERLAP ? delta : lsd_w + BM, OVERLAP ? 0 : m0, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     ds_sync<DQ>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
@@ -554,7 +560,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
-  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const float sl2 = p.softmax_scale * kLog2e;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   float *dQw = dQs + w * 64 * 2 * NQ;                       // this warpgroup's dQ staging boxes
   float *lsd_w = lsd + w * 2 * BM;                          // this warpgroup's copy of a step's lse, then delta
@@ -604,8 +610,8 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(s);
     fence_operands(dp);
     warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
-    bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
-    bwd_sm90_grad(s, dp, lsd_w + BM, m0, scale, m0, N, t);
+    bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
+    bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
     // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id
