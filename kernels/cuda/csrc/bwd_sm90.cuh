@@ -92,7 +92,8 @@ template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   static_assert(!PP || (DQ_TMA && (D == 64 ? DQ == kDqRows : DQ == kDqCols)),
                 "the ping-pong consumer: rows-tma at head_dim 64, columns-tma at 128");
-  static constexpr int kDsBuffers = PP ? 2 : 1;  // dSᵀ, double-buffered for the ping-pong consumer
+  static constexpr bool kOrdered = DQ == kDqRows && DQ_TMA && !PP;  // the sequential consumer's bwd_sm90_ordered_step
+  static constexpr int kDsBuffers = PP || kOrdered ? 2 : 1;  // dSᵀ, double-buffered for those two
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
   static constexpr int kLsdFloats = Tr::kConsumers * 2 * Tr::kBlockM;  // a step's lse, delta per consumer
@@ -365,6 +366,14 @@ __device__ __forceinline__ void bwd_sm90_issue_dkdv(float (&dv)[D / 2], float (&
   }
 }
 
+// acc += A B for one step's dV (A = Pᵀ, B = dO) or dK (A = dSᵀ, B = Q) alone: bwd_sm90_issue_dkdv's products one at
+// a time, each in its own order of k-steps as there, for the ordered consumer (bwd_sm90_ordered_step).
+template <int DTYPE, int D, int KS, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[KS][4], const T *B) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wgmma_rs_d<DTYPE, D>(acc, a[kk], make_desc_mn(B + kk * 16 * 64, KS * 16 * 128));
+}
+
 // dQ_w = dS K for one step, both operands MN-major in shared memory (dS: the step's dSᵀ, BM/64 blocks of 128 key
 // rows x 64 queries; Ks: K, D/64 column blocks of 128 rows): kDqCols, this warpgroup's 64 of dQ's columns over all
 // 128 keys (all of dSᵀ, K's column block w); kDqRows, its 64 query rows over all 128 keys (dSᵀ's query block w, all
@@ -399,6 +408,71 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
+// One step of the sequential consumer with the row-split, TMA-added dQ (rows-tma at head_dim 64: auto's backward
+// there, and its deterministic and persistent kernels), with the later products in FlashAttention-3's order (hopper/
+// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile this is): dV goes out before the dSᵀ barrier, then dQ
+// and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r in buffer r % 2), so a step has
+// one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step r - 1, which both passed once
+// their dQ products of step r - 2 (the buffer's last readers) had completed. FlashAttention-3 also runs the
+// exponentials under dPᵀ; here that made ptxas 13.0 serialize the wgmmas for want of registers and spill 540-804
+// bytes, so Sᵀ and dPᵀ complete together. Each element's arithmetic and each product's k-step order are as in the
+// other order, so dk, dv and dq_accum's adds are the same numbers.
+template <int DTYPE, bool SPLITS, typename T>
+__device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const CUtensorMap *tm_dq, const T *Ks,
+                                                      const T *Kw, const T *Vw, const T *Qb, const T *dOb, T *dSs,
+                                                      float *dQw, float *lsd_w, const float *lse, const float *delta,
+                                                      float (&dk)[32], float (&dv)[32], unsigned r, int m0, int key,
+                                                      int w, int tid) {
+  constexpr int D = 64, BM = 128, BN = 128, NQ = 32;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
+  T *dS = dSs + (r & 1) * BN * BM;  // this step's dSᵀ, (BM/64, BN, 64)
+  float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
+  uint32_t pa[BM / 16][4], sa[BM / 16][4];
+  fence_operands(s);
+  fence_operands(dp);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ
+    bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);
+    bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);
+  }
+  wgmma_commit();
+  bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
+  warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barrier)
+  wgmma_wait<0>();
+  fence_operands(s);
+  fence_operands(dp);
+  bwd_sm90_softmax<true>(s, lsd_w, m0, p.softmax_scale * kLog2e, m0, key, N, t);
+  bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
+  bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
+  bwd_sm90_store_ds(dS + w * 64 * 64, sa, warp, g, t);
+  fence_proxy_async_shared();
+  fence_operands(dv);
+  fence_operands(pa);
+  wgmma_fence();
+  bwd_sm90_issue_rs<DTYPE, D>(dv, pa, dOb);  // dV += Pᵀ dO
+  wgmma_commit();
+  ds_sync<kDqRows>(w);  // both halves of this step's dSᵀ are in shared memory
+  fence_operands(dqw);
+  fence_operands(dk);
+  fence_operands(sa);
+  wgmma_fence();
+  bwd_sm90_issue_dq<DTYPE, D, kDqRows>(dqw, dS, Ks, w);  // dQ_w = dS K, this warpgroup's 64 query rows
+  wgmma_commit();
+  bwd_sm90_issue_rs<DTYPE, D>(dk, sa, Qb);  // dK += dSᵀ Q, running while dQ_w is staged and added
+  wgmma_commit();
+  if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read the staging boxes
+  wgmma_wait<1>();                              // dV and dQ_w done
+  fence_operands(dv);
+  fence_operands(pa);
+  fence_operands(dqw);
+  warpgroup_sync(w);  // the boxes are free before any thread of the warpgroup writes them
+  bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + 64 * w, 0, m0 + 64 * w < N, warp, g, t);
+  wgmma_wait<0>();
+  fence_operands(dk);
+  fence_operands(sa);
+}
+
 // One key tile (n0..n0 + 127) of the sequential consumer w; `tile` as bwd_sm90_produce's. SPLITS (the deterministic
 // mode, with DQ_TMA and a split dQ): dQ into this CTA's own dq_accum slice, and at the tile's end K, V released to the
 // producer and this warpgroup's reduce-adds waited for until they are done (not only read), so the next tile's adds
@@ -417,6 +491,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
+  constexpr bool ORDERED = DQ_ROWS && DQ_TMA && !OVERLAP;  // bwd_sm90_ordered_step
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
   static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
   static_assert(!PERSIST || (DQ_TMA && !OVERLAP && !SPLITS), "persistent CTAs: the sequential consumer, TMA dQ");
@@ -441,6 +516,13 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     const unsigned r = (unsigned)tile * m_blocks + i, st = r % S;  // r: the Q/dO ring's step (bwd_sm90_produce)
     const int m0 = i * BM;
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
+    if constexpr (ORDERED) {
+      mbar_wait(&bar.qd_full[st], (r / S) & 1);
+      bwd_sm90_ordered_step<DTYPE, SPLITS>(p, tm_dq, Ks, Kw, Vw, Qb, dOb, dSs, dQw, lsd_w, lse, delta, dk, dv, r, m0,
+                                           key, w, tid);
+      mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
+      continue;
+    }
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
     float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
