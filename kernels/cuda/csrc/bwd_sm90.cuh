@@ -4,7 +4,8 @@
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
-// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer:
+// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer (the rows-tma one
+// in another order of the same products: bwd_sm90_ordered_step):
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta), in registers (masked);
 //                                     the scale goes onto dK as it is stored and dQ in the dq kernel
@@ -23,11 +24,13 @@
 // atomics and measured 10.2 against 12.7 ms fwd+bwd).
 // DQ_TMA (VIT_CUDA_BWD_DQ=tma, columns-tma (the head_dim-128 default), sum-tma, rows-tma): instead of the
 // atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
-// (ncu, H100: 4 shared-store wavefronts per STS.64 where 2 would do), and one thread adds the box into dq_accum
-// with one TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
-// does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
-// after the issuing thread's bulk_wait_read, placed before the step's second dSᵀ barrier (a whole step after the
-// copy was issued, so no thread waits on it unless the copy is still reading).
+// (ncu, H100: 4 shared-store wavefronts per STS.64 where 2 would do, two rows of a half-warp on one pair of 16-byte
+// chunks), and one thread adds the box into dq_accum with one TMA reduce-add per 32 columns
+// (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2 does the float32 adds in whole boxes, the
+// consumer issues no REDG. The box is rewritten a step later, after the issuing thread's bulk_wait_read, placed
+// before the step's second dSᵀ barrier (the rows-tma consumer, bwd_sm90_ordered_step: after the dK issue, followed
+// by a warpgroup barrier) a whole step after the copy was issued, so no thread waits on it unless the copy is still
+// reading.
 // OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; measured slower, opt-in): Sᵀ and dPᵀ in two commit groups, the wait
 // for Sᵀ only (wgmma.wait_group 1), Pᵀ's exponentials while dPᵀ's wgmma runs, then the wait for dPᵀ and dSᵀ
 // (FlashAttention-3's intra-warpgroup overlap of the softmax with a matrix product). The same arithmetic in the
