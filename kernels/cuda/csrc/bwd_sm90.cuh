@@ -412,14 +412,14 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
 }
 
 // One step of the sequential consumer with the row-split, TMA-added dQ (rows-tma at head_dim 64: auto's backward
-// there, and its deterministic and persistent kernels), with the later products in FlashAttention-3's order (hopper/
-// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile this is): dV goes out before the dSᵀ barrier, then dQ
-// and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r in buffer r % 2), so a step has
-// one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step r - 1, which both passed once
-// their dQ products of step r - 2 (the buffer's last readers) had completed. FlashAttention-3 also runs the
-// exponentials under dPᵀ; here that made ptxas 13.0 serialize the wgmmas for want of registers and spill 540-804
-// bytes, so Sᵀ and dPᵀ complete together. Each element's arithmetic and each product's k-step order are as in the
-// other order, so dk, dv and dq_accum's adds are the same numbers.
+// there, and its deterministic and persistent kernels) in FlashAttention-3's order (hopper/
+// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile this is): Sᵀ and dPᵀ go out as two groups and the
+// exponentials run under dPᵀ (ptxas 13.0 places 50-58 of the 64 before the wait for it); dV goes out before the dSᵀ
+// barrier, then dQ and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r in buffer
+// r % 2), so a step has one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step r - 1,
+// which both passed once their dQ products of step r - 2 (the buffer's last readers) had completed. Each element's
+// arithmetic and each product's k-step order are as in the other order, so dk, dv and dq_accum's adds are the same
+// numbers.
 template <int DTYPE, bool SPLITS, typename T>
 __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const CUtensorMap *tm_dq, const T *Ks,
                                                       const T *Kw, const T *Vw, const T *Qb, const T *dOb, T *dSs,
@@ -435,17 +435,18 @@ __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const 
   fence_operands(dp);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ
-    bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);
-    bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);
-  }
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
   wgmma_commit();
   bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
   warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barrier)
-  wgmma_wait<0>();
+  wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
   fence_operands(s);
-  fence_operands(dp);
   bwd_sm90_softmax<true>(s, lsd_w, m0, p.softmax_scale * kLog2e, m0, key, N, t);
+  wgmma_wait<0>();  // (no block boundary before it, as the OVERLAP consumer has: with one, ptxas spilled 540-804 bytes)
+  fence_operands(dp);
   bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
   bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
   bwd_sm90_store_ds(dS + w * 64 * 64, sa, warp, g, t);
