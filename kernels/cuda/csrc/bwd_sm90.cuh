@@ -4,8 +4,8 @@
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
-// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer (the rows-tma one
-// in another order of the same products: bwd_sm90_ordered_step):
+// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer (the rows-tma and
+// columns-tma ones in another order of the same products: bwd_sm90_ordered_step):
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta), in registers (masked);
 //                                     the scale goes onto dK as it is stored and dQ in the dq kernel
@@ -28,7 +28,7 @@
 // chunks), and one thread adds the box into dq_accum with one TMA reduce-add per 32 columns
 // (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2 does the float32 adds in whole boxes, the
 // consumer issues no REDG. The box is rewritten a step later, after the issuing thread's bulk_wait_read, placed
-// before the step's second dSᵀ barrier (the rows-tma consumer, bwd_sm90_ordered_step: after the dK issue, followed
+// before the step's second dSᵀ barrier (bwd_sm90_ordered_step: after the dK issue, followed
 // by a warpgroup barrier) a whole step after the copy was issued, so no thread waits on it unless the copy is still
 // reading.
 // OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; measured slower, opt-in): Sᵀ and dPᵀ in two commit groups, the wait
@@ -95,7 +95,7 @@ template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   static_assert(!PP || (DQ_TMA && (D == 64 ? DQ == kDqRows : DQ == kDqCols)),
                 "the ping-pong consumer: rows-tma at head_dim 64, columns-tma at 128");
-  static constexpr bool kOrdered = DQ == kDqRows && DQ_TMA && !PP;  // the sequential consumer's bwd_sm90_ordered_step
+  static constexpr bool kOrdered = (DQ == kDqRows || DQ == kDqCols) && DQ_TMA && !PP;  // bwd_sm90_ordered_step's
   static constexpr int kDsBuffers = PP || kOrdered ? 2 : 1;  // dSᵀ, double-buffered for those two
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
@@ -411,22 +411,25 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
-// One step of the sequential consumer with the row-split, TMA-added dQ (rows-tma at head_dim 64: auto's backward
-// there, and its deterministic and persistent kernels) in FlashAttention-3's order (hopper/
-// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile this is): Sᵀ and dPᵀ go out as two groups and the
-// exponentials run under dPᵀ (ptxas 13.0 places 50-58 of the 64 before the wait for it); dV goes out before the dSᵀ
-// barrier, then dQ and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r in buffer
-// r % 2), so a step has one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step r - 1,
-// which both passed once their dQ products of step r - 2 (the buffer's last readers) had completed. Each element's
-// arithmetic and each product's k-step order are as in the other order, so dk, dv and dq_accum's adds are the same
-// numbers.
-template <int DTYPE, bool SPLITS, typename T>
+// One step of the sequential consumer with a split, TMA-added dQ (rows-tma at head_dim 64: auto's backward there;
+// columns-tma at 128; and their deterministic and persistent kernels) in FlashAttention-3's order (hopper/
+// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile rows-tma is): Sᵀ and dPᵀ go out as two groups and the
+// exponentials run under dPᵀ (ptxas 13.0 places 50-58 of 64, or 22-24 of 32, before the wait for it); dV goes out
+// before the dSᵀ barrier, then dQ and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r
+// in buffer r % 2), so a step has one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step
+// r - 1, which both passed once their dQ products of step r - 2 (the buffer's last readers) had completed. Each
+// element's arithmetic and each product's k-step order are as in the other order, so dk, dv and dq_accum's adds are
+// the same numbers.
+template <int DTYPE, int D, int DQ, bool SPLITS, typename T>
 __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const CUtensorMap *tm_dq, const T *Ks,
                                                       const T *Kw, const T *Vw, const T *Qb, const T *dOb, T *dSs,
                                                       float *dQw, float *lsd_w, const float *lse, const float *delta,
-                                                      float (&dk)[32], float (&dv)[32], unsigned r, int m0, int key,
-                                                      int w, int tid) {
-  constexpr int D = 64, BM = 128, BN = 128, NQ = 32;
+                                                      float (&dk)[D / 2], float (&dv)[D / 2], unsigned r, int m0,
+                                                      int key, int w, int tid) {
+  static_assert((D == 64 && DQ == kDqRows) || (D == 128 && DQ == kDqCols), "rows-tma at 64, columns-tma at 128");
+  using Tr = BwdSm90TraitsOf<D, DQ>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NQ = 32;  // dQ_w: 64 x 64 either way
+  const int dq_row0 = DQ == kDqRows ? 64 * w : 0, dq_col0 = DQ == kDqCols ? 64 * w : 0;  // this warpgroup's part
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   T *dS = dSs + (r & 1) * BN * BM;  // this step's dSᵀ, (BM/64, BN, 64)
   float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
@@ -456,12 +459,12 @@ __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const 
   wgmma_fence();
   bwd_sm90_issue_rs<DTYPE, D>(dv, pa, dOb);  // dV += Pᵀ dO
   wgmma_commit();
-  ds_sync<kDqRows>(w);  // both halves of this step's dSᵀ are in shared memory
+  ds_sync<DQ>(w);  // both halves of this step's dSᵀ are in shared memory
   fence_operands(dqw);
   fence_operands(dk);
   fence_operands(sa);
   wgmma_fence();
-  bwd_sm90_issue_dq<DTYPE, D, kDqRows>(dqw, dS, Ks, w);  // dQ_w = dS K, this warpgroup's 64 query rows
+  bwd_sm90_issue_dq<DTYPE, D, DQ>(dqw, dS, Ks, w);  // dQ_w = dS K, this warpgroup's 64 query rows or columns
   wgmma_commit();
   bwd_sm90_issue_rs<DTYPE, D>(dk, sa, Qb);  // dK += dSᵀ Q, running while dQ_w is staged and added
   wgmma_commit();
@@ -471,7 +474,7 @@ __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const 
   fence_operands(pa);
   fence_operands(dqw);
   warpgroup_sync(w);  // the boxes are free before any thread of the warpgroup writes them
-  bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + 64 * w, 0, m0 + 64 * w < N, warp, g, t);
+  bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, m0 + dq_row0 < N, warp, g, t);
   wgmma_wait<0>();
   fence_operands(dk);
   fence_operands(sa);
@@ -495,7 +498,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
-  constexpr bool ORDERED = DQ_ROWS && DQ_TMA && !OVERLAP;  // bwd_sm90_ordered_step
+  constexpr bool ORDERED = (DQ_ROWS || DQ_COLS) && DQ_TMA && !OVERLAP;  // bwd_sm90_ordered_step
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
   static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
   static_assert(!PERSIST || (DQ_TMA && !OVERLAP && !SPLITS), "persistent CTAs: the sequential consumer, TMA dQ");
@@ -522,8 +525,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
     if constexpr (ORDERED) {
       mbar_wait(&bar.qd_full[st], (r / S) & 1);
-      bwd_sm90_ordered_step<DTYPE, SPLITS>(p, tm_dq, Ks, Kw, Vw, Qb, dOb, dSs, dQw, lsd_w, lse, delta, dk, dv, r, m0,
-                                           key, w, tid);
+      bwd_sm90_ordered_step<DTYPE, D, DQ, SPLITS>(p, tm_dq, Ks, Kw, Vw, Qb, dOb, dSs, dQw, lsd_w, lse, delta, dk, dv,
+                                                  r, m0, key, w, tid);
       mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
       continue;
     }
