@@ -260,6 +260,7 @@ std::vector<at::Tensor> bwd_impl(at::Tensor dout, at::Tensor q, at::Tensor k, at
   p.q_st = strides(q), p.k_st = strides(k), p.v_st = strides(v), p.out_st = strides(out);
   p.dout_st = strides(dout), p.dq_st = strides(dq), p.dk_st = strides(dk), p.dv_st = strides(dv);
   p.B = B, p.H = H, p.N = N, p.softmax_scale = static_cast<float>(softmax_scale);
+  p.dq_scale = sm90 ? p.softmax_scale : 1.f;  // bwd_sm90.cuh leaves the scale out of dSᵀ, bwd.cuh folds it in
   p.bwd_warps = static_cast<int>(bwd_warps);
   p.dq_splits = static_cast<int>(dq_splits);
   p.key_ctas = static_cast<int>(key_ctas);

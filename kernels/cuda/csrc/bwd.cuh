@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(256) bwd_delta_kernel(const BwdParams p) {
   if (row < rows && threadIdx.x % TPR == 0) p.delta[row] = acc;
 }
 
-// After the backward: dq = the dq_accum slices summed in slice order, rounded to dq's dtype (round to nearest even)
-// and stored with dq's strides (a packed gradient's view too). The layout of bwd_delta_kernel.
+// After the backward: dq = the dq_accum slices summed in slice order, times p.dq_scale, rounded to dq's dtype (round
+// to nearest even) and stored with dq's strides (a packed gradient's view too). The layout of bwd_delta_kernel.
 template <int DTYPE, int D>
 __global__ void __launch_bounds__(256) bwd_dq_kernel(const BwdParams p) {
   using T = typename Elem<DTYPE>::T;
@@ -80,6 +80,8 @@ __global__ void __launch_bounds__(256) bwd_dq_kernel(const BwdParams p) {
     acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w, acc[4] += b.x, acc[5] += b.y, acc[6] += b.z,
         acc[7] += b.w;
   }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] *= p.dq_scale;
   uint4 packed;
   packed.x = Elem<DTYPE>::pack(acc[0], acc[1]), packed.y = Elem<DTYPE>::pack(acc[2], acc[3]);
   packed.z = Elem<DTYPE>::pack(acc[4], acc[5]), packed.w = Elem<DTYPE>::pack(acc[6], acc[7]);

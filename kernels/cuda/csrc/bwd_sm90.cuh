@@ -4,9 +4,11 @@
 //
 // CTA = 3 warpgroups; a 128-key tile of K and V stays in shared memory, consumer warpgroup w owns
 // keys 64w..64w+63 of it and keeps their dK, dV (64 x D each) in registers. The producer streams
-// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer:
+// 64-row Q and dO tiles through a 2-stage ring (qd_full / qd_empty). Per query tile, each consumer (the rows-tma and
+// columns-tma ones in another order of the same products: bwd_sm90_ordered_step):
 //   Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ     wgmma m64n64k16, A and B K-major from shared memory
-//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − delta)·scale, in registers (masked)
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta), in registers (masked);
+//                                     the scale goes onto dK as it is stored and dQ in the dq kernel
 //   dV += Pᵀ dO, dK += dSᵀ Q         wgmma m64nDk16, A = Pᵀ / dSᵀ from registers, B MN-major
 //   dSᵀ -> shared memory (128B-swizzled by hand, as TMA would), then
 //   dQ_w = dS K_w                     wgmma m64nDk16, A = dS (MN-major: dSᵀ's rows are keys), B = K_w
@@ -22,11 +24,13 @@
 // atomics and measured 10.2 against 12.7 ms fwd+bwd).
 // DQ_TMA (VIT_CUDA_BWD_DQ=tma, columns-tma (the head_dim-128 default), sum-tma, rows-tma): instead of the
 // atomics, each consumer writes its dQ_w into a shared-memory staging box in TMA's 128B-swizzled layout
-// (ncu, H100: 4 shared-store wavefronts per STS.64 where 2 would do), and one thread adds the box into dq_accum
-// with one TMA reduce-add per 32 columns (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2
-// does the float32 adds in whole boxes, the consumer issues no REDG. The box is rewritten a step later,
-// after the issuing thread's bulk_wait_read, placed before the step's second dSᵀ barrier (a whole step after the
-// copy was issued, so no thread waits on it unless the copy is still reading).
+// (ncu, H100: 4 shared-store wavefronts per STS.64 where 2 would do, two rows of a half-warp on one pair of 16-byte
+// chunks), and one thread adds the box into dq_accum with one TMA reduce-add per 32 columns
+// (cp.reduce.async.bulk.tensor, UTMAREDG; FlashAttention-3's dQ): the L2 does the float32 adds in whole boxes, the
+// consumer issues no REDG. The box is rewritten a step later, after the issuing thread's bulk_wait_read, placed
+// before the step's second dSᵀ barrier (bwd_sm90_ordered_step: after the dK issue, followed
+// by a warpgroup barrier) a whole step after the copy was issued, so no thread waits on it unless the copy is still
+// reading.
 // OVERLAP (head_dim 64, VIT_CUDA_BWD_SM90=overlap; measured slower, opt-in): Sᵀ and dPᵀ in two commit groups, the wait
 // for Sᵀ only (wgmma.wait_group 1), Pᵀ's exponentials while dPᵀ's wgmma runs, then the wait for dPᵀ and dSᵀ
 // (FlashAttention-3's intra-warpgroup overlap of the softmax with a matrix product). The same arithmetic in the
@@ -91,7 +95,8 @@ template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   static_assert(!PP || (DQ_TMA && (D == 64 ? DQ == kDqRows : DQ == kDqCols)),
                 "the ping-pong consumer: rows-tma at head_dim 64, columns-tma at 128");
-  static constexpr int kDsBuffers = PP ? 2 : 1;  // dSᵀ, double-buffered for the ping-pong consumer
+  static constexpr bool kOrdered = (DQ == kDqRows || DQ == kDqCols) && DQ_TMA && !PP;  // bwd_sm90_ordered_step's
+  static constexpr int kDsBuffers = PP || kOrdered ? 2 : 1;  // dSᵀ, double-buffered for those two
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
   static constexpr int kLsdFloats = Tr::kConsumers * 2 * Tr::kBlockM;  // a step's lse, delta per consumer
@@ -145,8 +150,10 @@ __device__ __forceinline__ void bwd_sm90_produce(const CUtensorMap *tm_q, const 
 
 // Pᵀ of one 64-key x BM-query tile in place (s -> Pᵀ, BM/2 elements), zero past N. Thread's element 4c + 2r + u:
 // key `key` + 8r, query m = m0 + 8c + 2t + u; lse is read once per query, at lse[m - lse0] (lse0 = 0: the head's
-// lse in global memory; m0: this step's copy in shared memory).
-template <int NS>
+// lse in global memory; m0: this step's copy in shared memory). STAGED (the copy, zero past N): query rows past N
+// need no mask, as their Q and dO rows are TMA's zero fill, so their Pᵀ = 1 meets dPᵀ = delta = 0 and zero Q and dO
+// rows in every product. Keys past N stay masked: an exp2 of -lse could overflow and meet K's zero rows (inf · 0).
+template <bool STAGED, int NS>
 __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *lse, int lse0, float sl2, int m0, int key,
                                                  int N, int t) {
   const bool key_ok[2] = {key < N, key + 8 < N};
@@ -155,7 +162,7 @@ __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *ls
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
-      const bool ok = m < N;
+      const bool ok = STAGED || m < N;
       const float l2 = ok ? lse[m - lse0] * kLog2e : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -165,21 +172,22 @@ __device__ __forceinline__ void bwd_sm90_softmax(float (&s)[NS], const float *ls
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − delta) · scale in place (dp -> dSᵀ), from bwd_sm90_softmax's Pᵀ; delta read once per query, at
-// delta[m - lse0] as lse.
-template <int NS>
+// dSᵀ/scale = Pᵀ ∘ (dPᵀ − delta) in place (dp -> dSᵀ/scale), from bwd_sm90_softmax's Pᵀ; delta read once per query,
+// at delta[m - lse0] as lse (STAGED: zero past N, no check). softmax_scale is applied once at the end instead of to
+// every element, as FlashAttention-2 does: to dK as it is stored, to dQ by the dq kernel (p.dq_scale).
+template <bool STAGED, int NS>
 __device__ __forceinline__ void bwd_sm90_grad(const float (&s)[NS], float (&dp)[NS], const float *delta, int lse0,
-                                              float scale, int m0, int N, int t) {
+                                              int m0, int N, int t) {
 #pragma unroll
   for (int c = 0; c < NS / 4; ++c)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int m = m0 + 8 * c + 2 * t + u;
-      const float dl = m < N ? delta[m - lse0] : 0.f;
+      const float dl = STAGED || m < N ? delta[m - lse0] : 0.f;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int i = 4 * c + 2 * r + u;
-        dp[i] = s[i] * (dp[i] - dl) * scale;
+        dp[i] = s[i] * (dp[i] - dl);
       }
     }
 }
@@ -234,7 +242,8 @@ template <int NQ> __device__ __forceinline__ void bwd_sm90_add_dq(const float *d
 }
 
 // A consumer's dK and dV (its 64 keys x D, the float32 accumulator fragments: element 4j + 2r + u at key `key` + 8r,
-// column 8j + 2t + u) into the strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient.
+// column 8j + 2t + u) into the strided (B, H, N, d) outputs, e.g. views of a packed (B, N, 3, H, d) gradient; dK
+// times softmax_scale (bwd_sm90_grad leaves it out of dSᵀ).
 template <int DTYPE, int NO>
 __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const float (&dk)[NO], const float (&dv)[NO],
                                                     int key, int t, int h, int b) {
@@ -248,7 +257,8 @@ __device__ __forceinline__ void bwd_sm90_store_dkdv(const BwdParams &p, const fl
 #pragma unroll
     for (int j = 0; j < NO / 4; ++j) {
       const int c = 8 * j + 2 * t;
-      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) = Elem<DTYPE>::pack(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
+      *reinterpret_cast<uint32_t *>(dk_out + n * p.dk_st.row + c) =
+          Elem<DTYPE>::pack(dk[4 * j + 2 * r] * p.softmax_scale, dk[4 * j + 2 * r + 1] * p.softmax_scale);
       *reinterpret_cast<uint32_t *>(dv_out + n * p.dv_st.row + c) = Elem<DTYPE>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
     }
   }
@@ -359,6 +369,14 @@ __device__ __forceinline__ void bwd_sm90_issue_dkdv(float (&dv)[D / 2], float (&
   }
 }
 
+// acc += A B for one step's dV (A = Pᵀ, B = dO) or dK (A = dSᵀ, B = Q) alone: bwd_sm90_issue_dkdv's products one at
+// a time, each in its own order of k-steps as there, for the ordered consumer (bwd_sm90_ordered_step).
+template <int DTYPE, int D, int KS, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_rs(float (&acc)[D / 2], const uint32_t (&a)[KS][4], const T *B) {
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) wgmma_rs_d<DTYPE, D>(acc, a[kk], make_desc_mn(B + kk * 16 * 64, KS * 16 * 128));
+}
+
 // dQ_w = dS K for one step, both operands MN-major in shared memory (dS: the step's dSᵀ, BM/64 blocks of 128 key
 // rows x 64 queries; Ks: K, D/64 column blocks of 128 rows): kDqCols, this warpgroup's 64 of dQ's columns over all
 // 128 keys (all of dSᵀ, K's column block w); kDqRows, its 64 query rows over all 128 keys (dSᵀ's query block w, all
@@ -393,6 +411,75 @@ template <int DQ> __device__ __forceinline__ void ds_sync(int w) {
   else warpgroup_sync(w);
 }
 
+// One step of the sequential consumer with a split, TMA-added dQ (rows-tma at head_dim 64: auto's backward there;
+// columns-tma at 128; and their deterministic and persistent kernels) in FlashAttention-3's order (hopper/
+// mainloop_bwd_sm90_tma_gmma_ws.hpp, whose head_dim-64 tile rows-tma is): Sᵀ and dPᵀ go out as two groups and the
+// exponentials run under dPᵀ (ptxas 13.0 places 50-58 of 64, or 22-24 of 32, before the wait for it); dV goes out
+// before the dSᵀ barrier, then dQ and dK, and dQ is staged and added while dK runs. dSᵀ is double-buffered (step r
+// in buffer r % 2), so a step has one dSᵀ barrier, not two: a consumer writes buffer r % 2 after the barrier of step
+// r - 1, which both passed once their dQ products of step r - 2 (the buffer's last readers) had completed. Each
+// element's arithmetic and each product's k-step order are as in the other order, so dk, dv and dq_accum's adds are
+// the same numbers.
+template <int DTYPE, int D, int DQ, bool SPLITS, typename T>
+__device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const CUtensorMap *tm_dq, const T *Ks,
+                                                      const T *Kw, const T *Vw, const T *Qb, const T *dOb, T *dSs,
+                                                      float *dQw, float *lsd_w, const float *lse, const float *delta,
+                                                      float (&dk)[D / 2], float (&dv)[D / 2], unsigned r, int m0,
+                                                      int key, int w, int tid) {
+  static_assert((D == 64 && DQ == kDqRows) || (D == 128 && DQ == kDqCols), "rows-tma at 64, columns-tma at 128");
+  using Tr = BwdSm90TraitsOf<D, DQ>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NQ = 32;  // dQ_w: 64 x 64 either way
+  const int dq_row0 = DQ == kDqRows ? 64 * w : 0, dq_col0 = DQ == kDqCols ? 64 * w : 0;  // this warpgroup's part
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
+  T *dS = dSs + (r & 1) * BN * BM;  // this step's dSᵀ, (BM/64, BN, 64)
+  float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
+  uint32_t pa[BM / 16][4], sa[BM / 16][4];
+  fence_operands(s);
+  fence_operands(dp);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
+  wgmma_commit();
+  bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
+  warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barrier)
+  wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
+  fence_operands(s);
+  bwd_sm90_softmax<true>(s, lsd_w, m0, p.softmax_scale * kLog2e, m0, key, N, t);
+  wgmma_wait<0>();  // (no block boundary before it, as the OVERLAP consumer has: with one, ptxas spilled 540-804 bytes)
+  fence_operands(dp);
+  bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
+  bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
+  bwd_sm90_store_ds(dS + w * 64 * 64, sa, warp, g, t);
+  fence_proxy_async_shared();
+  fence_operands(dv);
+  fence_operands(pa);
+  wgmma_fence();
+  bwd_sm90_issue_rs<DTYPE, D>(dv, pa, dOb);  // dV += Pᵀ dO
+  wgmma_commit();
+  ds_sync<DQ>(w);  // both halves of this step's dSᵀ are in shared memory
+  fence_operands(dqw);
+  fence_operands(dk);
+  fence_operands(sa);
+  wgmma_fence();
+  bwd_sm90_issue_dq<DTYPE, D, DQ>(dqw, dS, Ks, w);  // dQ_w = dS K, this warpgroup's 64 query rows or columns
+  wgmma_commit();
+  bwd_sm90_issue_rs<DTYPE, D>(dk, sa, Qb);  // dK += dSᵀ Q, running while dQ_w is staged and added
+  wgmma_commit();
+  if (warpgroup_leader()) bulk_wait_read<0>();  // the previous step's reduce-add has read the staging boxes
+  wgmma_wait<1>();                              // dV and dQ_w done
+  fence_operands(dv);
+  fence_operands(pa);
+  fence_operands(dqw);
+  warpgroup_sync(w);  // the boxes are free before any thread of the warpgroup writes them
+  bwd_sm90_reduce_dq<NQ, SPLITS>(tm_dq, dQw, dqw, w, m0 + dq_row0, dq_col0, m0 + dq_row0 < N, warp, g, t);
+  wgmma_wait<0>();
+  fence_operands(dk);
+  fence_operands(sa);
+}
+
 // One key tile (n0..n0 + 127) of the sequential consumer w; `tile` as bwd_sm90_produce's. SPLITS (the deterministic
 // mode, with DQ_TMA and a split dQ): dQ into this CTA's own dq_accum slice, and at the tile's end K, V released to the
 // producer and this warpgroup's reduce-adds waited for until they are done (not only read), so the next tile's adds
@@ -411,6 +498,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
+  constexpr bool ORDERED = (DQ_ROWS || DQ_COLS) && DQ_TMA && !OVERLAP;  // bwd_sm90_ordered_step
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
   static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
   static_assert(!PERSIST || (DQ_TMA && !OVERLAP && !SPLITS), "persistent CTAs: the sequential consumer, TMA dQ");
@@ -419,7 +507,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
   float *dq = p.dq_accum + bh * N * D;
-  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const float sl2 = p.softmax_scale * kLog2e;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   T *dSw = dSs + w * 64 * 64;  // this warpgroup's first dSᵀ row (bwd_sm90_store_ds)
   float *dQw = DQ == kDqSum ? dQs : dQs + w * 64 * 2 * NQ;  // this warpgroup's staging boxes (kDqSum: shared)
@@ -435,6 +523,13 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     const unsigned r = (unsigned)tile * m_blocks + i, st = r % S;  // r: the Q/dO ring's step (bwd_sm90_produce)
     const int m0 = i * BM;
     const T *Qb = Qs + st * BM * D, *dOb = dOs + st * BM * D;
+    if constexpr (ORDERED) {
+      mbar_wait(&bar.qd_full[st], (r / S) & 1);
+      bwd_sm90_ordered_step<DTYPE, D, DQ, SPLITS>(p, tm_dq, Ks, Kw, Vw, Qb, dOb, dSs, dQw, lsd_w, lse, delta, dk, dv,
+                                                  r, m0, key, w, tid);
+      mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
+      continue;
+    }
     // Fresh each step (the first wgmma of each product overwrites them): kept across the loop, the
     // wgmma's read-write operands would hold 64 + D/2 registers through the whole step.
     float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
@@ -454,7 +549,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       wgmma_commit();
       wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
       fence_operands(s);
-      bwd_sm90_softmax(s, lse, 0, sl2, m0, key, N, t);
+      bwd_sm90_softmax<false>(s, lse, 0, sl2, m0, key, N, t);
       if (p.N < 0) asm volatile("trap;");  // never taken: a block boundary keeps ptxas from hoisting the next wait
       wgmma_wait<0>();
       fence_operands(dp);
@@ -467,9 +562,9 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       fence_operands(s);
       fence_operands(dp);
       warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barriers)
-      bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
+      bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
     }
-    bwd_sm90_grad(s, dp, OVERLAP ? delta : lsd_w + BM, OVERLAP ? 0 : m0, scale, m0, N, t);
+    bwd_sm90_grad<!OVERLAP>(s, dp, OVERLAP ? delta : lsd_w + BM, OVERLAP ? 0 : m0, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     ds_sync<DQ>(w);  // the previous step's dQ wgmma has finished reading dSᵀ
     bwd_sm90_store_ds(dSw, sa, warp, g, t);
@@ -554,7 +649,7 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, N = p.N;
   const int64_t bh = (int64_t)b * p.H + h;
   const float *lse = p.lse + bh * N, *delta = p.delta + bh * N;
-  const float sl2 = p.softmax_scale * kLog2e, scale = p.softmax_scale;
+  const float sl2 = p.softmax_scale * kLog2e;
   const T *Kw = Ks + w * 64 * 64, *Vw = Vs + w * 64 * 64;  // this warpgroup's keys in each column block
   float *dQw = dQs + w * 64 * 2 * NQ;                       // this warpgroup's dQ staging boxes
   float *lsd_w = lsd + w * 2 * BM;                          // this warpgroup's copy of a step's lse, then delta
@@ -604,8 +699,8 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(s);
     fence_operands(dp);
     warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
-    bwd_sm90_softmax(s, lsd_w, m0, sl2, m0, key, N, t);
-    bwd_sm90_grad(s, dp, lsd_w + BM, m0, scale, m0, N, t);
+    bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
+    bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
     // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id

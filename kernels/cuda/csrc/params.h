@@ -31,6 +31,7 @@ struct BwdParams {
   Strides q_st, k_st, v_st, out_st, dout_st, dq_st, dk_st, dv_st;
   int B, H, N;
   float softmax_scale;
+  float dq_scale;            // the dq kernel's factor on dq_accum: 1, or softmax_scale after bwd_sm90.cuh (dSᵀ/scale)
   int bwd_warps;             // 4 or 8: key rows per CTA = 16 * bwd_warps
   // 0: one CTA per key tile, dq_accum (B, H, N, d) summed with atomics or TMA reduce-adds in any order.
   // s in 1..key tiles: deterministic, dq_accum (s, B, H, N, d), CTA j of a (batch, head) owns slice j and walks key
