@@ -2,7 +2,7 @@
 # backward on main. Setup: this file and benchmarks/results/h200_20261203/common.sh in .device/,
 # .device/COMMIT, carry [".whl", ".device"].
 source .device/common.sh
-BUDGET=170
+BUDGET=150
 export MAX_JOBS=16
 { date -u +%FT%T; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > $OUT/env.txt 2>&1
 phase build 150 python3 -u -c "from kernels.cuda import build; build.extension()"
