@@ -1,4 +1,4 @@
-# Call 1 of 2026-12-07 (third session): next_ab.sh's A/B of wip_bwd_ordered.patch (its GPU tests, cuda_bench main
+# Call 1 of 2026-12-07 (fifth session): next_ab.sh's A/B of wip_bwd_ordered.patch (its GPU tests, cuda_bench main
 # against the patch twice, alternating), then the flash backend's Gluon kernels' GPU tests and timing (never GPU-run
 # before). Setup: this file and benchmarks/results/h200_20261203/common.sh in .device/, .device/COMMIT,
 # carry [".whl", ".device"].
