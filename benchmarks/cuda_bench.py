@@ -1,7 +1,8 @@
 """Focused benchmark for the CUDA C++ backend: attention beside SDPA's flash (and cuDNN) backends,
 and the vector-add example beside torch.add and a device-to-device copy.
 
-    python benchmarks/cuda_bench.py [--json out.json] [--attention-only] [--skip BACKEND ...] [--rounds R]
+    python benchmarks/cuda_bench.py [--json out.json] [--attention-only] [--skip BACKEND ...] [--only BACKEND ...]
+                                    [--rounds R]
 
 Attention: bf16, non-causal; FLOPs forward 4·B·H·N²·d, forward+backward 3.5× that. Our rows:
 ``cuda-sm80`` (mma.sync kernels, backward with 8 warps) and, on compute capability 9.0,
@@ -30,13 +31,15 @@ one synchronize at the end (host work overlapped, as a training loop runs them),
 sets larger than the 60 MB L2 together. Until 2026-12-07 each call synchronized before the next, so each call's time
 also counted the host's dispatch up to its first kernel and any gap after it; cuDNN's fwd+bwd at (256, 12, 197, 64)
 then read 0.88-1.06 ms across four H100 runs (benchmarks/results/h100_20261207b.md), a spread that host time would
-explain (not shown). ``--rounds R`` times every row R times,
+explain (not shown). ``--only NAME`` (repeatable) runs the named rows and the two peers, ``--skip NAME`` leaves a row
+out; a name this GPU has no row for is an error. ``--rounds R`` times every row R times,
 the rows of a shape interleaved and their order rotated each round, and reports the median round with the spread
 (max − min over the median) of fwd+bwd.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 
@@ -84,7 +87,19 @@ def cuda_with(fwd_path, bwd_path="sm80", bwd_warps=8, bwd_dq="atomic", determini
     return fn
 
 
-def bench_attention(skip=(), rounds=1):
+PEERS = ("sdpa-flash", "sdpa-cudnn")
+
+
+def select_rows(names, only=(), skip=()) -> list[str]:
+    """The rows of ``names`` to run, in their order: those in ``only`` (every one if empty) and the peers, less those
+    in ``skip``. Raises ValueError naming the known rows if ``only`` or ``skip`` names one not in ``names``."""
+    unknown = sorted(set(only) - set(names)) + sorted(set(skip) - set(names))
+    if unknown:
+        raise ValueError(f"no benchmark row named {', '.join(unknown)} on this GPU; its rows: {', '.join(names)}")
+    return [n for n in names if (not only or n in only or n in PEERS) and n not in skip]
+
+
+def bench_attention(skip=(), rounds=1, only=()):
     # Peers first: a kernel of ours that faults poisons the CUDA context for every later row.
     backends = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                 "cuda-sm80": cuda_with("sm80")}
@@ -121,7 +136,8 @@ def bench_attention(skip=(), rounds=1):
                                                               bwd_sm90="pingpong")
         backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", fwd_sm90="auto",
                                                               bwd_sm90="pingpong")
-    return bench_shapes(backends, skip, rounds)
+    keep = select_rows(list(backends), only, skip)
+    return bench_shapes({name: backends[name] for name in keep}, rounds)
 
 
 def runs_at(name: str, d: int) -> bool:
@@ -137,7 +153,7 @@ def time_pair(fn, sets) -> tuple[float, float]:
     return fwd, fwd_bwd
 
 
-def bench_shapes(backends, skip, rounds=1) -> list[dict]:
+def bench_shapes(backends, rounds=1) -> list[dict]:
     """One row per (shape, backend) of ``backends``, shapes outermost. Round 0 runs the rows in the order given (peers
     first); rounds 1.. rotate that order. Each row reports its median forward and forward+backward over the rounds and
     the fwd+bwd spread, (max − min) / median."""
@@ -153,7 +169,7 @@ def bench_shapes(backends, skip, rounds=1) -> list[dict]:
             reference = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v).float()
         errs, times = {}, {}
         for name, fn in backends.items():
-            if name in skip or not runs_at(name, d):
+            if not runs_at(name, d):
                 continue
             try:
                 with torch.no_grad():
@@ -192,26 +208,35 @@ def bench_vector_add(n=1 << 28):
     return n, rows
 
 
+def versus(peers: dict, row: dict, name: str, key: str) -> str:
+    """Peer ``name``'s time ``key`` over ``row``'s, as "1.23x"; "n/a" where that peer was not run."""
+    return f"{peers[name][key] / row[key]:.2f}x" if name in peers else "n/a"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--attention-only", action="store_true", help="skip the vector-add table")
     parser.add_argument("--skip", action="append", default=[], help="leave out this backend row (repeatable)")
+    parser.add_argument("--only", action="append", default=[], help="run this row and the peers only (repeatable)")
     parser.add_argument("--rounds", type=int, default=1, help="time every row this many times, interleaved (≥ 1)")
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    attn = bench_attention(skip=args.skip, rounds=args.rounds)
+    try:
+        attn = bench_attention(skip=args.skip, rounds=args.rounds, only=args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
     print("\n| B | H | N | d | backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd vs cudnn "
           "| fwd+bwd vs cudnn | fwd+bwd vs sdpa-flash | fwd err | fwd+bwd spread |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in attn:
         peer = {x["backend"]: x for x in attn if (x["B"], x["N"], x["d"]) == (r["B"], r["N"], r["d"])}
-        flash, cudnn = peer.get("sdpa-flash", r), peer.get("sdpa-cudnn", r)
+        vs = functools.partial(versus, peer, r)
         print(f"| {r['B']} | {r['H']} | {r['N']} | {r['d']} | {r['backend']} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} "
-              f"| {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tflops']:.0f} | {cudnn['fwd_ms'] / r['fwd_ms']:.2f}x "
-              f"| {cudnn['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x | {flash['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}x "
+              f"| {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_tflops']:.0f} | {vs('sdpa-cudnn', 'fwd_ms')} "
+              f"| {vs('sdpa-cudnn', 'fwd_bwd_ms')} | {vs('sdpa-flash', 'fwd_bwd_ms')} "
               f"| {r['fwd_err']:.1e} | {r['fwd_bwd_spread']:.0%} ({r['rounds']}) |")
     if args.attention_only:
         if args.json:

@@ -188,6 +188,39 @@ def test_train_time_budget_marks_rows_not_run(tmp_path):
     assert result["rows"] and all(r["status"].startswith("not run: time budget") for r in result["rows"])
 
 
+def test_cuda_bench_rows_only_skip_and_a_misspelt_name():
+    from benchmarks.cuda_bench import select_rows
+
+    names = ["sdpa-flash", "sdpa-cudnn", "cuda-sm80", "cuda-auto", "cuda-sm90-dqcols-tma"]
+    assert select_rows(names) == names
+    assert select_rows(names, only=["cuda-auto"]) == ["sdpa-flash", "sdpa-cudnn", "cuda-auto"]  # the peers stay
+    assert select_rows(names, only=["cuda-auto"], skip=["sdpa-flash"]) == ["sdpa-cudnn", "cuda-auto"]
+    assert select_rows(names, skip=["cuda-sm80", "sdpa-flash"]) == ["sdpa-cudnn", "cuda-auto", "cuda-sm90-dqcols-tma"]
+    with pytest.raises(ValueError, match="no benchmark row named cuda-atuo on this GPU; its rows: sdpa-flash"):
+        select_rows(names, only=["cuda-atuo"])
+    with pytest.raises(ValueError, match="cuda-sm90-pingpong"):  # a row this GPU has none of, as --skip
+        select_rows(names, skip=["cuda-sm90-pingpong"])
+
+
+def test_cuda_bench_table_without_a_peer(monkeypatch, capsys):
+    from benchmarks import cuda_bench
+
+    def row(name, fwd, fwd_bwd):
+        return {"B": 8, "H": 12, "N": 4096, "d": 64, "backend": name, "fwd_ms": fwd, "fwd_tflops": 1.0,
+                "fwd_bwd_ms": fwd_bwd, "fwd_bwd_tflops": 1.0, "fwd_err": 0.0, "rounds": 1, "fwd_bwd_spread": 0.0}
+
+    calls = []
+    monkeypatch.setattr(cuda_bench, "bench_attention", lambda **kw: calls.append(kw) or [
+        row("sdpa-cudnn", 1.0, 3.0), row("cuda-auto", 2.0, 4.0)])
+    monkeypatch.setattr(cuda_bench.torch.cuda, "get_device_name", lambda: "a test GPU")
+    monkeypatch.setattr(sys, "argv", ["cuda_bench.py", "--attention-only", "--only", "cuda-auto",
+                                      "--skip", "sdpa-flash"])
+    cuda_bench.main()
+    assert calls == [{"skip": ["sdpa-flash"], "rounds": 1, "only": ["cuda-auto"]}]
+    line = next(x for x in capsys.readouterr().out.splitlines() if "| cuda-auto |" in x)
+    assert "| 0.50x | 0.75x | n/a |" in line, line  # cuDNN's fwd and fwd+bwd over ours; FlashAttention-2 skipped
+
+
 def test_input_pipeline_refuses_fewer_images_than_a_batch(tmp_path):
     with pytest.raises(ValueError, match="--num-images 3 is below the batch size 4"):
         train_bench.main(["--input-pipeline", "--workers", "0", "--num-images", "3", "--batch-size", "4",
