@@ -91,12 +91,17 @@ template <int D, int DQ> using BwdSm90TraitsOf = BwdSm90Traits<D, DQ == kDqRows 
 // the register split (DQ_TMA and kDqRows: 24 for the producer, 240 for each consumer, as FlashAttention-3 splits three
 // warpgroups; at 40 / 232 the head_dim-128 DQ_TMA kernels spilled 12 bytes, ptxas 13.0).
 
+// Whether a consumer takes bwd_sm90_ordered_step: the sequential one with a split, TMA-added dQ (rows-tma, columns-tma).
+// OVERLAP with those dQ modes is the ping-pong consumer, which keeps its own order.
+__host__ __device__ constexpr bool bwd_sm90_ordered(int dq, bool dq_tma, bool overlap) {
+  return (dq == kDqRows || dq == kDqCols) && dq_tma && !overlap;
+}
+
 template <int D, int DQ, bool DQ_TMA, bool PP = false> struct BwdSm90Variant {
   using Tr = BwdSm90TraitsOf<D, DQ>;
   static_assert(!PP || (DQ_TMA && (D == 64 ? DQ == kDqRows : DQ == kDqCols)),
                 "the ping-pong consumer: rows-tma at head_dim 64, columns-tma at 128");
-  static constexpr bool kOrdered = (DQ == kDqRows || DQ == kDqCols) && DQ_TMA && !PP;  // bwd_sm90_ordered_step's
-  static constexpr int kDsBuffers = PP || kOrdered ? 2 : 1;  // dSᵀ, double-buffered for those two
+  static constexpr int kDsBuffers = PP || bwd_sm90_ordered(DQ, DQ_TMA, PP) ? 2 : 1;  // dSᵀ, double-buffered for those
   static constexpr int kBoxes = DQ == kDqSum ? 1 : DQ_TMA ? Tr::kConsumers : 0;  // dQ staging boxes of 64 rows
   static constexpr int kBoxFloats = kBoxes * 64 * (DQ == kDqCols ? 64 : D);
   static constexpr int kLsdFloats = Tr::kConsumers * 2 * Tr::kBlockM;  // a step's lse, delta per consumer
@@ -498,7 +503,7 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
   static_assert(DQ != kDqCols || D == 128, "the column split of dQ needs two 64-column blocks");
   static_assert(DQ != kDqSum || D == 64, "the summed dQ is built for head_dim 64 (128 has the column split)");
   constexpr bool DQ_COLS = DQ == kDqCols, DQ_ROWS = DQ == kDqRows;
-  constexpr bool ORDERED = (DQ_ROWS || DQ_COLS) && DQ_TMA && !OVERLAP;  // bwd_sm90_ordered_step
+  constexpr bool ORDERED = bwd_sm90_ordered(DQ, DQ_TMA, OVERLAP);
   static_assert(!OVERLAP || (D == 64 && !DQ_ROWS), "the overlapped consumer: head_dim 64, 64 query rows a step");
   static_assert(!SPLITS || (DQ_TMA && !OVERLAP && (DQ_COLS || DQ_ROWS)), "dq slices: one TMA add per element a tile");
   static_assert(!PERSIST || (DQ_TMA && !OVERLAP && !SPLITS), "persistent CTAs: the sequential consumer, TMA dQ");
