@@ -74,7 +74,9 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # "persistent" (rows-tma at head_dim 64, columns-tma at 128): the sequential consumers in fewer CTAs, each walking key
 # tiles of its (batch, head) (sm90_key_ctas counts them). Opt-in: H100, fwd+bwd ms vs auto in one run
 # (benchmarks/results/h100_20261207b/call4_bench.log) 3.911 vs 4.002 at (8, 12, 4096, 64), 14.765 vs 15.256 at
-# (2, 12, 16384, 64), but 1.105 vs 1.080 at (256, 12, 197, 64) and 8.707 vs 8.669 at (8, 16, 4096, 128).
+# (2, 12, 16384, 64), but 1.105 vs 1.080 at (256, 12, 197, 64) and 8.707 vs 8.669 at (8, 16, 4096, 128). With the
+# ordered step (benchmarks/results/h100_20261207c/call1_bench_wip{1,2}.log) it lost at long N: 3.491 / 3.567 vs
+# 3.400 / 3.411 at (8, 12, 4096, 64), 14.510 / 14.547 vs 12.804 at (2, 12, 16384, 64); 0.847 vs 0.860-0.864 at 197.
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
