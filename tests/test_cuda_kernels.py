@@ -265,7 +265,7 @@ def test_extension_checks_pass_one_message():
     """Every TORCH_CHECK in the host binding gets one message, a literal or msg(...): several message arguments go
     through c10::str's ostringstream, which crashed the process instead of raising (api.cpp's msg())."""
     text = (build.CSRC / "api.cpp").read_text()
-    checks = [m for m in re.finditer(r"TORCH_CHECK\w*\(", text)]
+    checks = list(re.finditer(r"TORCH_CHECK\w*\(", text))
     assert len(checks) > 20
     for m in checks:
         args = _call_arguments(text, m.end() - 1)
