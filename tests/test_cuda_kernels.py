@@ -119,9 +119,7 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
             assert "BAR.ARV" in pingpong and "BAR.SYNC" in pingpong, f"{name} ({schedule}): no named-barrier hand-off"
 
 
-@pytest.mark.parametrize("head_dim", [64, pytest.param(128, marks=pytest.mark.xfail(
-    strict=True, reason="at head_dim 128 ptxas 13.0 puts the wait for P·V before the softmax's exponentials "
-                        "(with it after them the kernel runs out of registers: benchmarks/results/cuda_h200.md)"))])
+@pytest.mark.parametrize("head_dim", [64, 128])
 def test_sm90_pingpong_softmax_overlaps_pv(cubins, head_dim):
     """The intra-warpgroup overlap in the SASS: the softmax's exponentials (MUFU.EX2, 64 and the 2 rescale factors)
     between the wait that leaves P·V running (DEPBAR.LE gsb0, 0x1) and the wait for it (0x0), in the ping-pong kernel

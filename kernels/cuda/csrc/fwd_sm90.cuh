@@ -5,9 +5,8 @@
 //   pingpong (fwd_sm90_consume_pp, FA-3 §3.1-3.2): two named barriers make the consumers issue their products
 //     in turn, so that one's softmax runs under the other's products (ping-pong); a consumer issues
 //     S_j = Q·K_jᵀ and O += P_{j-1}·V_{j-1} together and waits only for S_j before softmax(S_j), so that the
-//     softmax runs under the second product (intra-warpgroup overlap). That holds in the SASS at head_dim 64;
-//     at 128 ptxas 13.0 places the wait for the product before the softmax's exponentials
-//     (test_sm90_pingpong_softmax_overlaps_pv, a strict xfail there).
+//     softmax runs under the second product (intra-warpgroup overlap). That holds in the SASS at head_dim 64
+//     and 128 (test_sm90_pingpong_softmax_overlaps_pv).
 //
 // CTA = 3 warpgroups (384 threads), one CTA per SM:
 //   warpgroup 0, producer: gives registers back (setmaxnreg 40); one thread issues TMA loads of the
@@ -321,13 +320,13 @@ __device__ __forceinline__ void fwd_sm90_consume_pp(const FwdParams &p, const ty
     fence_operands(s);
     mbar_arrive(&bar.k_empty[st]);
     fwd_sm90_softmax(s, alpha, row_max, row_sum, sl2, j * BN, p.N, t);
-    if constexpr (D == 64) {
-      // A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the next wait above the
-      // softmax: in the SASS all 66 MUFU.EX2 then run under P·V. At D = 128 the overlap ran out of registers
-      // (C7512, 200 B of spills), so there ptxas keeps its early wait. PERSIST: ptxas moved 65 of the 66 past a
-      // branch on N; one on the row sums (never negative, NaN compares false) comes after all of them.
-      if (PERSIST ? row_sum[0] + row_sum[1] < 0.f : p.N < 0) asm volatile("trap;");
-    }
+    // A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the next wait above the softmax:
+    // in the SASS all 66 MUFU.EX2 then run under P·V, at D = 64 and 128, without spills. PERSIST: ptxas moved 65 of
+    // the 66 past a branch on N; one on the row sums (never negative, NaN compares false) comes after all of them.
+    // brkpt, not trap: both are BPT.TRAP in the SASS, but with trap (which ptxas placed after the EXIT) ptxas
+    // serialised every wgmma at D = 128 (C7512; 200 B of spills, 284 persistent, at 232 or 240 registers), and with
+    // exit it added a wait for P·V on that path (C7517).
+    if (PERSIST ? row_sum[0] + row_sum[1] < 0.f : p.N < 0) asm volatile("brkpt;");
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pa);
