@@ -147,8 +147,8 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores. Each of those
     also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
     running) and the wait for dPᵀ; the rows-tma and columns-tma sequential kernels (bwd_sm90_ordered_step) at least
-    half of them there, and all of dQ's staging stores between the wait for dV and dQ (dK still running) and the wait
-    for dK. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
+    half of them there (the ping-pong kernels a quarter, in their first and later steps), and all of dQ's staging
+    stores between the wait for dQ (dK still running) and the wait for dK. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
     dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
     dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
     keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once). The deterministic
@@ -182,13 +182,14 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
                 assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, f"{kernel}: no wait that leaves dPᵀ running"
                 between = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1].split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
                 assert between.count("MUFU.EX2") == 32, f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
-            elif (rows or cols) and tma and not pp:  # bwd_sm90_ordered_step: two waits that leave a product running
+            elif (rows or cols) and tma:  # waits that leave a product running: Sᵀ's (dPᵀ runs), dQ's (dK, dV run)
                 after = [part.split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0]
                          for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1")[1:]]
-                assert len(after) == 2, f"{kernel}: {len(after)} waits that leave a product running"
+                assert len(after) == 2 + pp, f"{kernel}: {len(after)} waits that leave a product running"
                 exps = 64 if rows else 32  # a thread's Pᵀ elements a step
-                assert after[0].count("MUFU.EX2") >= exps // 2, f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
-                assert len(re.findall(r"STS\.64", after[1])) == 16, f"{kernel}: dQ's staging waits for dK"  # 64 x 64
+                for part in after[:1 + pp]:  # bwd_sm90_ordered_step's step; the ping-pong's first and later steps
+                    assert part.count("MUFU.EX2") >= exps // (4 if pp else 2), f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
+                assert len(re.findall(r"STS\.64", after[-1])) == 16, f"{kernel}: dQ's staging waits for dK"  # 64 x 64
             else:
                 assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" not in sass, kernel
             s_mma = mma.format(128 if rows else 64) + r" R\d+, gdesc\[UR\d+\], (RZ|R\d+)"
@@ -211,11 +212,10 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
             assert atomics[True] == {d // 8}, f"{name}: the column split does not halve dQ's atomics"
 
 
-# The ping-pong backward consumer's second batch holds dK, dV, Pᵀ, dSᵀ and the previous step's dQ in registers at once
-# (ptxas 13.0: 56 bytes of spill stores, 72 of loads, a few values reloaded once a step; 40 and 60 while the query rows
-# past N were masked); every other kernel spills none.
+# The head_dim-64 ping-pong backward consumer's second batch holds dK, dV, Pᵀ, dSᵀ and the previous step's dQ in
+# registers at once (ptxas 13.0: 4 bytes of spill stores, 4 of loads); every other kernel spills none.
 _PINGPONG_BWD = re.compile(r"bwd_sm90_kernelILi\dELi64ELi3ELb1ELb1E")
-_PINGPONG_SPILL_BYTES = 128
+_PINGPONG_SPILL_BYTES = 16
 
 
 @pytest.mark.parametrize("arch", ARCHES)

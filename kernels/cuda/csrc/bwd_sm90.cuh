@@ -632,9 +632,11 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 // 128): the sequential consumer's arithmetic in its order, scheduled as FlashAttention-3 schedules its forward (§3.1).
 // The sequential consumers run each phase together (both issue Sᵀ and dPᵀ, both take their exponentials, both issue
 // dV, dK, both wait at the dSᵀ barrier, both issue dQ), so the tensor cores idle while both compute the softmax. Here
-// a step has two batches of products, [Sᵀ_i, dPᵀ_i] and [dV_i, dK_i, dQ_{i-1}], and two named barriers (TURN) make
+// a step has two batches of products, [Sᵀ_i, dPᵀ_i] and [dQ_{i-1}, dV_i, dK_i], and two named barriers (TURN) make
 // the consumers issue their batches in turn: 0's first, 1's first, 0's second, 1's second, ... so one consumer's
-// exponentials and dQ staging run while the other's products do. dQ of step i is issued one step late, in step
+// exponentials and dQ staging run while the other's products do. Within a batch, as bwd_sm90_ordered_step: the
+// exponentials under dPᵀ (ptxas 13.0 places 9-11 of 32 before the wait for it at head_dim 128, 34-36 of 64 at 64),
+// dQ's staging under dV and dK. dQ of step i is issued one step late, in step
 // i + 1's second batch, so no consumer waits for the other's half of dSᵀ within a step: dSᵀ is double-buffered in
 // shared memory, READY(i, writer) says that writer's half of step i's dSᵀ is stored, FREE(i, reader) that reader's dQ
 // of step i has read it (the writer's step i + 2 may overwrite it). Each named barrier pairs 128 arriving with 128
@@ -693,18 +695,19 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(dp);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ = K_w Qᵀ, dPᵀ = V_w dOᵀ
-      bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);
-      bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);
-    }
+    for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
     bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
-    wgmma_wait<0>();
-    fence_operands(s);
-    fence_operands(dp);
     warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
+    wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
+    fence_operands(s);
     bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
+    wgmma_wait<0>();
+    fence_operands(dp);
     bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
     bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
@@ -724,21 +727,25 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     fence_operands(sa);
     fence_operands(dqw);
     wgmma_fence();
+    if constexpr (HAS_DQ) {  // dQ first, as its own group: staged and added while dV and dK run
+      issue_dq(dqw, i - 1);
+      wgmma_commit();
+    }
     bwd_sm90_issue_dkdv<DTYPE, D>(dv, dk, pa, sa, Qb, dOb);
-    if constexpr (HAS_DQ) issue_dq(dqw, i - 1);
     wgmma_commit();
     named_barrier_arrive(turn_theirs, kBoth);
+    if constexpr (HAS_DQ) {
+      wgmma_wait<1>();
+      fence_operands(dqw);
+      named_barrier_arrive(freed(i - 1, w), kBoth);  // this consumer's dQ of step i - 1 has read both halves
+      add_dq(dqw, i - 1);
+    }
     wgmma_wait<0>();
     fence_operands(dv);
     fence_operands(dk);
     fence_operands(pa);
     fence_operands(sa);
-    fence_operands(dqw);
     mbar_arrive(&bar.qd_empty[st]);  // Q and dO of this stage are no longer read
-    if constexpr (HAS_DQ) {
-      named_barrier_arrive(freed(i - 1, w), kBoth);  // this consumer's dQ of step i - 1 has read both halves
-      add_dq(dqw, i - 1);
-    }
   };
   step(0, std::false_type{});
   for (int i = 1; i < m_blocks; ++i) step(i, std::true_type{});
