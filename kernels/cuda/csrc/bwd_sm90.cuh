@@ -453,7 +453,14 @@ __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const 
   wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
   fence_operands(s);
   bwd_sm90_softmax<true>(s, lsd_w, m0, p.softmax_scale * kLog2e, m0, key, N, t);
-  wgmma_wait<0>();  // (no block boundary before it, as the OVERLAP consumer has: with one, ptxas spilled 540-804 bytes)
+  // A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the wait for dPᵀ above the
+  // exponentials: at head_dim 128 all 32 then run under dPᵀ (22 without it), no spills. brkpt, not trap: with trap,
+  // placed after the EXIT, ptxas spilled 540-804 bytes. At head_dim 64 brkpt spilled 16 bytes and 50 of 64 run under
+  // dPᵀ without it.
+  if constexpr (D == 128) {
+    if (N < 0) asm volatile("brkpt;");
+  }
+  wgmma_wait<0>();
   fence_operands(dp);
   bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
   bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
@@ -706,6 +713,9 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
     fence_operands(s);
     bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
+    if constexpr (D == 128) {  // as in bwd_sm90_ordered_step: all 32 exponentials under dPᵀ (9-11 without it); at 64
+      if (N < 0) asm volatile("brkpt;");  // brkpt spilled 28 bytes, and 34-36 of 64 run under dPᵀ without it
+    }
     wgmma_wait<0>();
     fence_operands(dp);
     bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
