@@ -1,0 +1,13 @@
+# Sixth call on the warm machine: ViT-B/16 at 224 px, batch 64, compiled, timm + SDPA, flash, cuda, on the patched
+# copy (combo.patch).
+source .device/common.sh
+BUDGET=370
+export MAX_JOBS=16
+{ date -u +%FT%T; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > $OUT/env.txt 2>&1
+rm -rf /tmp/wip && mkdir /tmp/wip && cp -r kernels vit benchmarks tests configs *.py pyproject.toml /tmp/wip/
+REPO=$PWD; (cd /tmp/wip && patch -p1 < $REPO/.device/combo.patch) > $OUT/patch.log 2>&1 || exit 1
+WIP="env VIT_KERNELS_BUILD_DIR=/tmp/wipbuild PYTHONPATH=/tmp/site:/tmp/wip"
+phase build_wip 150 bash -c "cd /tmp/wip && $WIP python3 -u -c 'from kernels.cuda import build; build.extension()'"
+phase b64 330 bash -c "cd /tmp/wip && $WIP python3 -m benchmarks.train --models vit_base_patch16_224 --batch-size 64 --eager --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 4.6 --out $OUT --name b64"
+finish
+for f in b64; do grep "^| vit" $OUT/$f.md 2>/dev/null | cut -d'|' -f2-8; done
