@@ -449,11 +449,11 @@ class _Sm90Ext:
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
-    assert ops.sm90_forward(_Sm90Ext, q128) == "pingpong forward"  # auto: measured faster at 128, slower at 64
+    assert ops.sm90_forward(_Sm90Ext, q128) == "persistent-pingpong forward"  # auto: faster at 128, slower at 64
     assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"  # three consumers where their tiles are no waste
     for n, d, schedule in ((197, 64, "persistent"), (577, 64, "persistent"), (785, 64, "persistent"), (1025, 64, "wide"),
                            (4097, 64, "wide"), (16384, 64, "wide"), (197, 128, "persistent"), (1024, 128, "persistent"),
-                           (1025, 128, "pingpong")):
+                           (1025, 128, "persistent-pingpong")):
         assert ops.sm90_forward(_Sm90Ext, torch.empty(1, 1, n, d, device="meta")) == f"{schedule} forward", (n, d)
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
     assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
@@ -479,10 +479,13 @@ def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
     assert ops.BWD_DQ == "auto" or "VIT_CUDA_BWD_DQ" in os.environ
     assert ops.BWD_SM90 == "auto" or "VIT_CUDA_BWD_SM90" in os.environ
     monkeypatch.setattr(ops, "BWD_DQ", "auto")  # where each measured fastest: columns-tma at 128, rows-tma at 64
-    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # pingpong at 128 (with columns-tma only), sequential at 64
+    monkeypatch.setattr(ops, "BWD_SM90", "auto")  # pingpong at 128 (with columns-tma), at 64 (rows-tma) from N = 512
     assert ops.sm90_bwd_options(q128) == (True, False, False, True, True)
-    assert ops.sm90_bwd_options(q64) == (False, False, True, True, False)
+    assert ops.sm90_bwd_options(q64) == (False, False, True, True, True)
+    for n, pingpong in ((197, False), (511, False), (512, True), (577, True), (1025, True)):
+        assert ops.sm90_bwd_options(torch.empty(1, 1, n, 64, device="meta")) == (False, False, True, True, pingpong), n
     assert ops.sm90_bwd_options(q128, deterministic=True) == (True, False, False, True, False)
+    assert ops.sm90_bwd_options(q64, deterministic=True) == (False, False, True, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "tma")
     assert ops.sm90_bwd_options(q128) == (False, False, False, True, False)
     monkeypatch.setattr(ops, "BWD_DQ", "atomic")
@@ -1006,7 +1009,7 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
         assert (ops.fwd_path(q), ops.bwd_path(q)) == ("sm90", "sm90")
         assert (ops.fwd_path(q[..., :64]), ops.bwd_path(q[..., :64])) == ("sm90", "sm90")
         assert ops.sm90_bwd_options(q) == (True, False, False, True, True)  # columns-tma, ping-pong consumers
-        assert ops.sm90_bwd_options(q[..., :64]) == (False, False, True, True, False)  # rows-tma, sequential
+        assert ops.sm90_bwd_options(q[..., :64]) == (False, False, True, True, n >= 512)  # rows-tma, ping-pong from 512
 
 
 @pytest.mark.gpu
@@ -1014,9 +1017,9 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 @pytest.mark.parametrize("seq_len", [127, 129, 197, 577, 1025])
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
-    on Hopper the persistent forward (the pingpong one past N = 1024) with the pingpong backward (columns-tma) at
-    head_dim 80/128, the persistent forward (the wide one at N = 1025) with the rows-tma backward at 64, mma.sync below
-    N = 128."""
+    on Hopper the persistent forward (the persistent ping-pong one past N = 1024) with the pingpong backward
+    (columns-tma) at head_dim 80/128, the persistent forward (the wide one at N = 1025) with the rows-tma backward at 64
+    (its ping-pong consumers from N = 512), mma.sync below N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):
         pytest.skip("a VIT_CUDA_* setting in the environment overrides the defaults under test")

@@ -65,12 +65,20 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # with 64 query rows a step, so not with the row-split dQ that auto runs at head_dim 64. "pingpong" (with rows-tma at
 # head_dim 64, columns-tma at 128, the auto dQ modes there): the products issued by the two consumers in turn, each
 # one's softmax under the other's products, dQ one step late (csrc/bwd_sm90.cuh, bwd_sm90_consume_pp).
-# "auto": pingpong at head_dim 128 (80, 96 padded) with columns-tma, else sequential. H200, bf16, fwd+bwd ms with
+# "auto": pingpong at head_dim 128 (80, 96 padded) with columns-tma, and at 64 with rows-tma from N = 512 (below), else
+# sequential. It ran pingpong at 128 only from these runs: H200, bf16, fwd+bwd ms with
 # cuda-auto's forward, two runs, pingpong vs sequential (benchmarks/results/h200_20261207/call1_bench*.log): d=128
 # (8, 16, 4096) 9.341 / 9.387 vs 10.361 / 10.285, (256, 12, 197) 1.625 / 1.649 vs 1.727 / 1.733; d=64 (8, 12, 4096)
 # 4.017 / 3.953 vs 4.132 / 4.074, (2, 12, 16384) 15.207 / 15.075 vs 15.296 / 15.278, (64, 12, 577) 1.059 / 1.162 vs
 # 1.168 / 1.091, (256, 12, 197) 1.093 / 1.062 vs 1.033 / 0.988; ViT-B/16 training at 1024 px (N = 4097, d = 64),
 # batch 8, vs timm + SDPA: eager +3.6 % vs +4.0 %, compiled -0.4 % vs -0.8 % (call2b, call3): at 64 no clear gain.
+# Since the ping-pong consumer issues its batches in the ordered step's order, at head_dim 64 it is faster from N = 577.
+# H100, bf16, fwd+bwd ms with cuda-auto's forward, three runs, pingpong vs sequential
+# (benchmarks/results/h100_20261207d/call1_bench_wip{1,2}.log, call2_bench_wip.log): (8, 12, 4096) 3.275 / 3.230 /
+# 3.216 vs 3.523 / 3.405 / 3.406, (2, 12, 16384) 13.020 / 12.850 / 12.144 vs 12.964 / 13.112 / 13.096, (64, 12, 577)
+# 0.919 / 0.907 / 0.919 vs 0.951 / 0.939 / 0.948, but (256, 12, 197) 0.879 / 0.881 / 0.881 vs 0.863 / 0.864 / 0.863;
+# ViT-B/16 at 1024 px, batch 8, eager 86 vs 85 img/s, compiled 95 vs 93 (call4): auto runs it where
+# :func:`pingpong_bwd_pays`.
 # "persistent" (rows-tma at head_dim 64, columns-tma at 128): the sequential consumers in fewer CTAs, each walking key
 # tiles of its (batch, head) (sm90_key_ctas counts them). Opt-in: H100, fwd+bwd ms vs auto in one run
 # (benchmarks/results/h100_20261207b/call4_bench.log) 3.911 vs 4.002 at (8, 12, 4096, 64), 14.765 vs 15.256 at
@@ -80,9 +88,10 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 BWD_SM90 = os.environ.get("VIT_CUDA_BWD_SM90", "auto")
 BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 # The Hopper forward's consumer schedule (csrc/fwd_sm90.cuh): "sequential" (S, softmax, P·V in turn), "pingpong"
-# (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto": pingpong at head_dim 128 (80, 96 padded),
-# sequential at 64. H200, bf16, forward TFLOP/s, pingpong vs sequential: d=128 (8, 16, 4096) 585 vs 546; d=64
-# (8, 12, 4096) 343 vs 424, (2, 12, 16384) 409 vs 471 (benchmarks/results/h200_20261202/call1_cuda_bench.log).
+# (FlashAttention-3's ping-pong and intra-warpgroup overlap) or "auto" (:func:`sm90_forward`). Auto took pingpong at
+# head_dim 128 (80, 96 padded) and sequential at 64 from these runs: H200, bf16, forward TFLOP/s, pingpong vs
+# sequential: d=128 (8, 16, 4096) 585 vs 546; d=64 (8, 12, 4096) 343 vs 424, (2, 12, 16384) 409 vs 471
+# (benchmarks/results/h200_20261202/call1_cuda_bench.log).
 # "wide" (head_dim 64): sequential with three consumer warpgroups, 192 query rows a CTA (FlashAttention-3's head_dim-64
 # forward tile height); auto picks it at head_dim 64 where its CTAs hold no more 64-row consumer tiles than the two-
 # consumer kernel's (within 5 %: :func:`wide_pays`). H100, bf16, forward ms, wide vs sequential, two runs
@@ -97,8 +106,12 @@ FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # 401) 0.294 vs 0.333 / 0.354 / 0.321, (64, 12, 577) 0.221 vs 0.244 / 0.262 / 0.252, (32, 12, 785) 0.204 vs 0.218 /
 # 0.238 / 0.205, but (8, 12, 4096) 0.964 vs wide 0.865; d=128 (256, 12, 197) 0.292 vs 0.344 / 0.333, (64, 12, 577)
 # 0.344 vs 0.378 / 0.368, (32, 12, 1025) 0.514 vs pingpong 0.513, (8, 16, 4096) 1.994 vs pingpong 1.948.
-# "persistent-pingpong": the ping-pong consumers in persistent CTAs, their turns running on from one Q tile to the next
-# (built 2026-12-07, not yet run on a GPU: opt-in).
+# "persistent-pingpong": the ping-pong consumers in persistent CTAs, their turns running on from one Q tile to the next.
+# auto picks it at head_dim 128 past N = 1024, since its softmax runs under P·V there too (fwd_sm90.cuh's brkpt block
+# boundary). H100, bf16, forward ms vs pingpong (auto's before), three runs (benchmarks/results/h100_20261207d/
+# call1_bench_wip{1,2}.log, call2_bench_wip.log): (8, 16, 4096, 128) 1.667 / 1.676 / 1.833 vs 1.821 / 1.829 / 1.865;
+# (256, 12, 197, 128) 0.285 / 0.285 / 0.287 vs persistent 0.282 / 0.292 / 0.293, where auto keeps persistent. Slower at
+# head_dim 64: 0.955-1.006 vs wide 0.829-0.860 at (8, 12, 4096, 64).
 FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong")
 
 
@@ -270,11 +283,10 @@ def persistent_pays(seq_len: int, head_dim: int) -> bool:
 
 def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
-    ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"; "auto" picks it at
-    head_dim 128 past N = 1024), ``fwd_sm90_wide`` ("wide", head_dim 64; "auto" picks it at 64 where
-    :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent"; "auto" picks it where :func:`persistent_pays`) or
-    ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"). Raises ValueError for another value, or "wide" at
-    another head_dim."""
+    ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"), ``fwd_sm90_wide``
+    ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent";
+    "auto" picks it where :func:`persistent_pays`) or ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
+    picks it at head_dim 128 past N = 1024). Raises ValueError for another value, or "wide" at another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
     if FWD_SM90 == "wide":
@@ -282,14 +294,14 @@ def sm90_forward(ext, q: Tensor):
             raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
         return ext.fwd_sm90_wide
-    if FWD_SM90 == "persistent-pingpong":
-        return ext.fwd_sm90_persistent_pingpong
-    if FWD_SM90 == "persistent" or (FWD_SM90 == "auto" and persistent_pays(q.shape[-2], q.shape[-1])):
+    auto = FWD_SM90 == "auto"
+    if FWD_SM90 == "persistent" or (auto and persistent_pays(q.shape[-2], q.shape[-1])):
         return ext.fwd_sm90_persistent
-    if FWD_SM90 == "auto" and q.shape[-1] == 64:
+    if FWD_SM90 == "persistent-pingpong" or (auto and q.shape[-1] == 128):
+        return ext.fwd_sm90_persistent_pingpong
+    if auto:  # head_dim 64 past persistent_pays
         return ext.fwd_sm90_wide
-    pingpong = FWD_SM90 == "pingpong" or (FWD_SM90 == "auto" and q.shape[-1] == 128)
-    return ext.fwd_sm90_pingpong if pingpong else ext.fwd_sm90
+    return ext.fwd_sm90_pingpong if FWD_SM90 == "pingpong" else ext.fwd_sm90
 
 
 @attn_fwd.register_fake
@@ -316,6 +328,13 @@ def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits,
     return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
 
 
+def pingpong_bwd_pays(seq_len: int) -> bool:
+    """Whether auto runs the ping-pong backward at head_dim 64 (with rows-tma): from N = 512, between N = 197, where it
+    measured 2 % slower than the sequential consumer, and 577, where it measured 3 % faster (the comment at BWD_SM90;
+    the threshold between them is not measured)."""
+    return seq_len >= 512
+
+
 def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool, bool, bool, bool]:
     """``(dq_cols, dq_sum, dq_rows, dq_tma, overlap)`` of the extension's Hopper backward for ``q`` under ``BWD_DQ``
     (env ``VIT_CUDA_BWD_DQ``: "atomic", "columns" (head_dim 128), "tma", "columns-tma" (128), "sum", "sum-tma",
@@ -323,7 +342,8 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     ``VIT_CUDA_BWD_SM90``: "sequential", "overlap" (head_dim 64, not with rows), "pingpong" (rows-tma at head_dim 64,
     columns-tma at 128: the extension's overlap flag with dq_rows or dq_cols), "persistent" (the sequential consumer in
     CTAs walking key tiles, the extension's key_ctas (:func:`sm90_key_ctas`); rows-tma at 64, columns-tma at 128),
-    "auto": pingpong with columns-tma at head_dim 128, else sequential).
+    "auto": pingpong with columns-tma at head_dim 128 and with rows-tma at 64 where :func:`pingpong_bwd_pays`, else
+    sequential).
     ``deterministic`` (dq slices): the auto dQ mode with the sequential consumer, the one kernel that has them (auto
     picks it then).
 
@@ -356,7 +376,8 @@ def sm90_bwd_options(q: Tensor, deterministic: bool = False) -> tuple[bool, bool
     if BWD_SM90 in ("pingpong", "persistent") and mode not in ("rows-tma", "columns-tma"):
         raise ValueError(f"VIT_CUDA_BWD_SM90={BWD_SM90} has kernels for VIT_CUDA_BWD_DQ=rows-tma (head_dim 64) and "
                          f"columns-tma (128), the auto modes there; got VIT_CUDA_BWD_DQ={mode}; unset it (auto)")
-    auto_pingpong = BWD_SM90 == "auto" and mode == "columns-tma" and not deterministic
+    auto_pingpong = BWD_SM90 == "auto" and not deterministic and (
+        mode == "columns-tma" or (mode == "rows-tma" and pingpong_bwd_pays(q.shape[-2])))
     return cols, summed, rows, mode.endswith("tma"), BWD_SM90 in ("overlap", "pingpong") or auto_pingpong
 
 
