@@ -23,8 +23,9 @@ consumers in one persistent CTA an SM, VIT_CUDA_FWD_SM90=persistent, with auto's
 backward), ``cuda-sm90-bwd-persistent``
 (the backward's sequential consumers in CTAs walking key tiles, VIT_CUDA_BWD_SM90=persistent, with auto's forward) and
 ``cuda-auto`` (the default
-rules of kernels/cuda/ops.py, pingpong at head_dim 128) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``: the
-Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
+rules of kernels/cuda/ops.py), ``cuda-auto-bwd-sequential`` (the same with the backward's sequential consumers, what
+auto's ping-pong backward is measured against) and ``cuda-auto-deterministic`` (the same with ``deterministic=True``:
+the Hopper backward's dq slices, ops.sm90_dq_splits, where auto runs it, else the mma.sync one's). ``fwd err`` is
 max |out − SDPA flash's out| on the first input set. Vector add: bytes = 3 · 4 · n (two reads, one write);
 copy = 2 · 4 · n. GPU time by CUDA events: 3 warm-ups, then 20 calls enqueued back to back with an event pair each and
 one synchronize at the end (host work overlapped, as a training loop runs them), the median; inputs rotated over two
@@ -119,6 +120,8 @@ def bench_attention(skip=(), rounds=1, only=()):
         backends["cuda-sm90-bwd-persistent"] = cuda_with("sm90", "sm90", bwd_dq="auto", fwd_sm90="auto",
                                                          bwd_sm90="persistent")
         backends["cuda-auto"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto", bwd_sm90="auto")
+        backends["cuda-auto-bwd-sequential"] = cuda_with("auto", "auto", bwd_dq="auto", fwd_sm90="auto",
+                                                         bwd_sm90="sequential")
         backends["cuda-auto-deterministic"] = cuda_with("auto", "auto", bwd_dq="auto", deterministic=True,
                                                         fwd_sm90="auto", bwd_sm90="auto")
         backends["cuda-sm90-dqcols"] = cuda_with("sm90", "sm90", bwd_dq="columns")
@@ -131,7 +134,8 @@ def bench_attention(skip=(), rounds=1, only=()):
         backends["cuda-sm90-dqsum-tma-overlap"] = cuda_with("sm90", "sm90", bwd_dq="sum-tma", bwd_sm90="overlap")
         backends["cuda-sm90-dqrows"] = cuda_with("sm90", "sm90", bwd_dq="rows")
         backends["cuda-sm90-dqrows-tma"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma")
-        # the forward as cuda-auto's (pingpong at head_dim 128), so that the two rows differ in the backward alone
+        # the forward as cuda-auto's; where auto takes the ping-pong backward (head_dim 128, and 64 from N = 512) these
+        # rows are cuda-auto
         backends["cuda-sm90-dqrows-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="rows-tma", fwd_sm90="auto",
                                                               bwd_sm90="pingpong")
         backends["cuda-sm90-dqcols-tma-pingpong"] = cuda_with("sm90", "sm90", bwd_dq="columns-tma", fwd_sm90="auto",

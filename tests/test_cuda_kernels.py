@@ -85,8 +85,8 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared memory) and 8 for O += P V (A from
     registers, B transposed). Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
     of a tile's products after one WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are
-    written while one is in flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it: the
-    xfail below), and named-barrier arrivals; in persistent CTAs too.
+    written while one is in flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it:
+    test_sm90_pingpong_softmax_overlaps_pv), and named-barrier arrivals; in persistent CTAs too.
     All: TMA loads, mbarrier waits, setmaxnreg, no local memory."""
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
@@ -146,8 +146,9 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     and half the default kernel's float2 atomics. Each also as a DQ_TMA kernel: no atomics, one TMA reduce-add
     (UTMAREDG) per 32 columns of dQ the warpgroup adds, written through shared memory as float2 stores. Each of those
     also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
-    running) and the wait for dPᵀ; the rows-tma and columns-tma sequential kernels (bwd_sm90_ordered_step) at least
-    half of them there (the ping-pong kernels a quarter, in their first and later steps), and all of dQ's staging
+    running) and the wait for dPᵀ; the rows-tma and columns-tma sequential kernels (bwd_sm90_ordered_step) and the
+    ping-pong kernels (in their first and later steps) all of them there at head_dim 128, at least half at 64, and all
+    of dQ's staging
     stores between the wait for dQ (dK still running) and the wait for dK. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
     dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
     dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
@@ -187,7 +188,7 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
                          for part in sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1")[1:]]
                 assert len(after) == 2 + pp, f"{kernel}: {len(after)} waits that leave a product running"
                 exps = 64 if rows else 32  # a thread's Pᵀ elements a step
-                under = exps if d == 128 else exps // (4 if pp else 2)  # all of them behind the block boundary at 128
+                under = exps if d == 128 else exps // 2  # all of them behind the block boundary at 128
                 for part in after[:1 + pp]:  # bwd_sm90_ordered_step's step; the ping-pong's first and later steps
                     assert part.count("MUFU.EX2") >= under, f"{kernel}: Pᵀ's exponentials wait for dPᵀ"
                 assert len(re.findall(r"STS\.64", after[-1])) == 16, f"{kernel}: dQ's staging waits for dK"  # 64 x 64

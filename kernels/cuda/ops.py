@@ -72,12 +72,14 @@ BWD_DQ_MODES = ("auto", "atomic", "columns", "tma", "columns-tma", "sum", "sum-t
 # 4.017 / 3.953 vs 4.132 / 4.074, (2, 12, 16384) 15.207 / 15.075 vs 15.296 / 15.278, (64, 12, 577) 1.059 / 1.162 vs
 # 1.168 / 1.091, (256, 12, 197) 1.093 / 1.062 vs 1.033 / 0.988; ViT-B/16 training at 1024 px (N = 4097, d = 64),
 # batch 8, vs timm + SDPA: eager +3.6 % vs +4.0 %, compiled -0.4 % vs -0.8 % (call2b, call3): at 64 no clear gain.
-# Since the ping-pong consumer issues its batches in the ordered step's order, at head_dim 64 it is faster from N = 577.
+# Since the ping-pong consumer issues its batches in the ordered step's order, at head_dim 64 it was faster at N = 577
+# and 4096 in three runs of three, at 16384 in two (the threshold between 197 and 577 is not measured).
 # H100, bf16, fwd+bwd ms with cuda-auto's forward, three runs, pingpong vs sequential
 # (benchmarks/results/h100_20261207d/call1_bench_wip{1,2}.log, call2_bench_wip.log): (8, 12, 4096) 3.275 / 3.230 /
 # 3.216 vs 3.523 / 3.405 / 3.406, (2, 12, 16384) 13.020 / 12.850 / 12.144 vs 12.964 / 13.112 / 13.096, (64, 12, 577)
 # 0.919 / 0.907 / 0.919 vs 0.951 / 0.939 / 0.948, but (256, 12, 197) 0.879 / 0.881 / 0.881 vs 0.863 / 0.864 / 0.863;
-# ViT-B/16 at 1024 px, batch 8, eager 86 vs 85 img/s, compiled 95 vs 93 (call4): auto runs it where
+# ViT-B/16 at 1024 px, batch 8, one run each, eager 86 vs 85 img/s, compiled 95 vs 93 (call4; other runs of the old
+# choice read 84 and 93): auto runs it where
 # :func:`pingpong_bwd_pays`.
 # "persistent" (rows-tma at head_dim 64, columns-tma at 128): the sequential consumers in fewer CTAs, each walking key
 # tiles of its (batch, head) (sm90_key_ctas counts them). Opt-in: H100, fwd+bwd ms vs auto in one run
@@ -108,8 +110,9 @@ FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # 0.344 vs 0.378 / 0.368, (32, 12, 1025) 0.514 vs pingpong 0.513, (8, 16, 4096) 1.994 vs pingpong 1.948.
 # "persistent-pingpong": the ping-pong consumers in persistent CTAs, their turns running on from one Q tile to the next.
 # auto picks it at head_dim 128 past N = 1024, since its softmax runs under P·V there too (fwd_sm90.cuh's brkpt block
-# boundary). H100, bf16, forward ms vs pingpong (auto's before), three runs (benchmarks/results/h100_20261207d/
-# call1_bench_wip{1,2}.log, call2_bench_wip.log): (8, 16, 4096, 128) 1.667 / 1.676 / 1.833 vs 1.821 / 1.829 / 1.865;
+# boundary); measured at N = 4096 only, not between 1025 and 4096. H100, bf16, forward ms vs pingpong (auto's before),
+# three runs (benchmarks/results/h100_20261207d/call1_bench_wip{1,2}.log, call2_bench_wip.log): (8, 16, 4096, 128)
+# 1.667 / 1.676 / 1.833 vs 1.821 / 1.829 / 1.865;
 # (256, 12, 197, 128) 0.285 / 0.285 / 0.287 vs persistent 0.282 / 0.292 / 0.293, where auto keeps persistent. Slower at
 # head_dim 64: 0.955-1.006 vs wide 0.829-0.860 at (8, 12, 4096, 64).
 FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong")

@@ -20,7 +20,7 @@ phase tests_flash 120 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gp
 SH="8,16,4096,128;8,12,4096,64;32,12,1024,64;256,12,197,64;256,12,197,128"
 phase flash_main 60 python3 -u benchmarks/flash_bench.py --shapes "$SH"
 phase flash_wip 75 bash -c "cd /tmp/wip && $WIP python3 -u benchmarks/flash_bench.py --shapes '$SH'"
-S="--skip sdpa-flash"; for r in cuda-auto cuda-sm90-dqrows-tma; do S="$S --only $r"; done
+S="--skip sdpa-flash"; for r in cuda-auto cuda-auto-bwd-sequential; do S="$S --only $r"; done
 for i in 1 2; do
   phase bench_main$i 40 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_main$i.json
   phase bench_wip$i 40 bash -c "cd /tmp/wip && $WIP python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_wip$i.json"

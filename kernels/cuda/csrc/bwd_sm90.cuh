@@ -642,8 +642,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
 // a step has two batches of products, [Sᵀ_i, dPᵀ_i] and [dQ_{i-1}, dV_i, dK_i], and two named barriers (TURN) make
 // the consumers issue their batches in turn: 0's first, 1's first, 0's second, 1's second, ... so one consumer's
 // exponentials and dQ staging run while the other's products do. Within a batch, as bwd_sm90_ordered_step: the
-// exponentials under dPᵀ (ptxas 13.0 places 9-11 of 32 before the wait for it at head_dim 128, 34-36 of 64 at 64),
-// dQ's staging under dV and dK. dQ of step i is issued one step late, in step
+// exponentials under dPᵀ (all 32 at head_dim 128 behind the brkpt block boundary, 9-11 without it; 34-36 of 64 at
+// 64), dQ's staging under dV and dK. dQ of step i is issued one step late, in step
 // i + 1's second batch, so no consumer waits for the other's half of dSᵀ within a step: dSᵀ is double-buffered in
 // shared memory, READY(i, writer) says that writer's half of step i's dSᵀ is stored, FREE(i, reader) that reader's dQ
 // of step i has read it (the writer's step i + 2 may overwrite it). Each named barrier pairs 128 arriving with 128
