@@ -16,7 +16,7 @@ REPO=$PWD; (cd /tmp/wip && patch -p1 < $REPO/.device/bwd64_brkpt.patch && patch 
 WIP="env VIT_KERNELS_BUILD_DIR=/tmp/wipbuild PYTHONPATH=/tmp/site:/tmp/wip"
 phase build_wip 150 bash -c "cd /tmp/wip && $WIP python3 -u -c 'from kernels.cuda import build; build.extension()'"
 phase tests_cuda 180 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_kernels.py"
-phase tests_flash 120 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_flash_pipelined.py tests/test_flash.py"
+phase tests_flash 150 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_flash_pipelined.py tests/test_flash.py tests/test_flash_launch.py"
 SH="8,16,4096,128;8,12,4096,64;32,12,1024,64;256,12,197,64;256,12,197,128"
 phase flash_main 60 python3 -u benchmarks/flash_bench.py --shapes "$SH"
 phase flash_wip 75 bash -c "cd /tmp/wip && $WIP python3 -u benchmarks/flash_bench.py --shapes '$SH'"
