@@ -348,6 +348,22 @@ __device__ __forceinline__ void bwd_sm90_issue_kt(float (&acc)[BM / 2], const T 
   wgmma_ss_bm<DTYPE, BM>(acc, make_desc_k(Aw + blk * BN * 64 + col), make_desc_k(B + blk * BM * 64 + col), kk > 0);
 }
 
+// Sᵀ = K_w Qᵀ and dPᵀ = V_w dOᵀ for one step, issued as two commit groups, so that a wait for the first
+// (wgmma_wait<1>) leaves dPᵀ running under Pᵀ's exponentials (the overlapped, ordered and ping-pong consumers).
+template <int DTYPE, int D, int BN, int BM, typename T>
+__device__ __forceinline__ void bwd_sm90_issue_s_dp(float (&s)[BM / 2], float (&dp)[BM / 2], const T *Kw, const T *Vw,
+                                                    const T *Qb, const T *dOb) {
+  fence_operands(s);
+  fence_operands(dp);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
+  wgmma_commit();
+}
+
 // Pᵀ and dSᵀ (float32 accumulator fragments) packed two to a register as the A fragments of the dV and dK products.
 template <int DTYPE, int NS>
 __device__ __forceinline__ void bwd_sm90_pack(const float (&s)[NS], const float (&dp)[NS], uint32_t (&pa)[NS / 8][4],
@@ -372,6 +388,28 @@ __device__ __forceinline__ void bwd_sm90_issue_dkdv(float (&dv)[D / 2], float (&
     wgmma_rs_d<DTYPE, D>(dv, pa[kk], make_desc_mn(dOb + kk * 16 * 64, BM * 128));
     wgmma_rs_d<DTYPE, D>(dk, sa[kk], make_desc_mn(Qb + kk * 16 * 64, BM * 128));
   }
+}
+
+// After bwd_sm90_issue_s_dp, with the step's lse and delta staged in lsd_w (bwd_sm90_stage_lsd): wait for Sᵀ, Pᵀ's
+// exponentials while dPᵀ runs, wait for dPᵀ, dSᵀ/scale, both packed into pa and sa (the ordered and ping-pong consumers).
+// A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the wait for dPᵀ above the
+// exponentials: at head_dim 128 all 32 then run under dPᵀ (22 in the ordered step, 9-11 in the ping-pong one without
+// it), no spills. brkpt, not trap: with trap, placed after the EXIT, ptxas spilled 540-804 bytes. At head_dim 64
+// brkpt spilled 16 bytes (ordered) and 28 (ping-pong), and 50-58 and 34-36 of 64 run under dPᵀ without it.
+template <int DTYPE, int D, int BM>
+__device__ __forceinline__ void bwd_sm90_ds_under_dp(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t (&pa)[BM / 16][4],
+                                                     uint32_t (&sa)[BM / 16][4], const float *lsd_w, float sl2, int m0,
+                                                     int key, int N, int t) {
+  wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
+  fence_operands(s);
+  bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
+  if constexpr (D == 128) {
+    if (N < 0) asm volatile("brkpt;");
+  }
+  wgmma_wait<0>();
+  fence_operands(dp);
+  bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
+  bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
 }
 
 // acc += A B for one step's dV (A = Pᵀ, B = dO) or dK (A = dSᵀ, B = Q) alone: bwd_sm90_issue_dkdv's products one at
@@ -439,31 +477,10 @@ __device__ __forceinline__ void bwd_sm90_ordered_step(const BwdParams &p, const 
   T *dS = dSs + (r & 1) * BN * BM;  // this step's dSᵀ, (BM/64, BN, 64)
   float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
   uint32_t pa[BM / 16][4], sa[BM / 16][4];
-  fence_operands(s);
-  fence_operands(dp);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
-  wgmma_commit();
+  bwd_sm90_issue_s_dp<DTYPE, D, BN, BM>(s, dp, Kw, Vw, Qb, dOb);
   bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
   warpgroup_sync(w);  // (the previous step's reads ended before its dSᵀ barrier)
-  wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
-  fence_operands(s);
-  bwd_sm90_softmax<true>(s, lsd_w, m0, p.softmax_scale * kLog2e, m0, key, N, t);
-  // A block boundary (a branch never taken: N > 0) keeps ptxas 13.0 from hoisting the wait for dPᵀ above the
-  // exponentials: at head_dim 128 all 32 then run under dPᵀ (22 without it), no spills. brkpt, not trap: with trap,
-  // placed after the EXIT, ptxas spilled 540-804 bytes. At head_dim 64 brkpt spilled 16 bytes and 50 of 64 run under
-  // dPᵀ without it.
-  if constexpr (D == 128) {
-    if (N < 0) asm volatile("brkpt;");
-  }
-  wgmma_wait<0>();
-  fence_operands(dp);
-  bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
-  bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
+  bwd_sm90_ds_under_dp<DTYPE, D, BM>(s, dp, pa, sa, lsd_w, p.softmax_scale * kLog2e, m0, key, N, t);
   bwd_sm90_store_ds(dS + w * 64 * 64, sa, warp, g, t);
   fence_proxy_async_shared();
   fence_operands(dv);
@@ -547,18 +564,8 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
     float s[BM / 2] = {}, dp[BM / 2] = {}, dqw[NQ] = {};
     uint32_t pa[BM / 16][4], sa[BM / 16][4];
     mbar_wait(&bar.qd_full[st], (r / S) & 1);
-    fence_operands(s);
-    fence_operands(dp);
-    wgmma_fence();
-    auto issue_s = [&](int kk) { bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk); };    // Sᵀ += K_w Qᵀ
-    auto issue_dp = [&](int kk) { bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk); };  // dPᵀ += V_w dOᵀ
     if constexpr (OVERLAP) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) issue_s(kk);
-      wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) issue_dp(kk);
-      wgmma_commit();
+      bwd_sm90_issue_s_dp<DTYPE, D, BN, BM>(s, dp, Kw, Vw, Qb, dOb);
       wgmma_wait<1>();  // Sᵀ done, dPᵀ still running under the exponentials
       fence_operands(s);
       bwd_sm90_softmax<false>(s, lse, 0, sl2, m0, key, N, t);
@@ -566,8 +573,14 @@ __device__ __forceinline__ void bwd_sm90_consume(const BwdParams &p, const typen
       wgmma_wait<0>();
       fence_operands(dp);
     } else {
+      fence_operands(s);
+      fence_operands(dp);
+      wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) issue_s(kk), issue_dp(kk);
+      for (int kk = 0; kk < D / 16; ++kk) {  // Sᵀ += K_w Qᵀ, dPᵀ += V_w dOᵀ, one group
+        bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);
+        bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);
+      }
       wgmma_commit();
       bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
       wgmma_wait<0>();
@@ -698,28 +711,11 @@ __device__ __forceinline__ void bwd_sm90_consume_pp(const BwdParams &p, const ty
     uint32_t pa[BM / 16][4], sa[BM / 16][4];
     mbar_wait(&bar.qd_full[st], (i / S) & 1);
     named_barrier_sync(turn_mine, kBoth);
-    fence_operands(s);
-    fence_operands(dp);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(s, Kw, Qb, kk);  // Sᵀ = K_w Qᵀ
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) bwd_sm90_issue_kt<DTYPE, BN, BM>(dp, Vw, dOb, kk);  // dPᵀ = V_w dOᵀ
-    wgmma_commit();
+    bwd_sm90_issue_s_dp<DTYPE, D, BN, BM>(s, dp, Kw, Vw, Qb, dOb);
     named_barrier_arrive(turn_theirs, kBoth);
     bwd_sm90_stage_lsd<BM>(lsd_w, lse, delta, m0, tid, N);  // under the products
     warpgroup_sync(w);  // lsd_w is written (its previous reads ended before this step's barriers)
-    wgmma_wait<1>();    // Sᵀ done, dPᵀ still running under the exponentials
-    fence_operands(s);
-    bwd_sm90_softmax<true>(s, lsd_w, m0, sl2, m0, key, N, t);
-    if constexpr (D == 128) {  // as in bwd_sm90_ordered_step: all 32 exponentials under dPᵀ (9-11 without it); at 64
-      if (N < 0) asm volatile("brkpt;");  // brkpt spilled 28 bytes, and 34-36 of 64 run under dPᵀ without it
-    }
-    wgmma_wait<0>();
-    fence_operands(dp);
-    bwd_sm90_grad<true>(s, dp, lsd_w + BM, m0, m0, N, t);
-    bwd_sm90_pack<DTYPE>(s, dp, pa, sa);
+    bwd_sm90_ds_under_dp<DTYPE, D, BM>(s, dp, pa, sa, lsd_w, sl2, m0, key, N, t);
     // The other consumer arrived at FREE(i - 2) after its dQ of step i - 2 completed, in its step i - 1, after its
     // READY(i - 2) sync, which needed this consumer's READY(i - 2) arrival: so its next FREE arrival on this id
     // (step i + 1) follows this sync.
