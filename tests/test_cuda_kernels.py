@@ -148,8 +148,7 @@ def test_sm90_backward_sass_uses_wgmma_and_tma(cubins):
     also with the OVERLAP consumer: all 32 exponentials of Pᵀ between the wait for Sᵀ (DEPBAR.LE gsb0, 0x1, dPᵀ still
     running) and the wait for dPᵀ; the rows-tma and columns-tma sequential kernels (bwd_sm90_ordered_step) and the
     ping-pong kernels (in their first and later steps) all of them there at head_dim 128, at least half at 64, and all
-    of dQ's staging
-    stores between the wait for dQ (dK still running) and the wait for dK. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
+    of dQ's staging stores between the wait for dQ (dK still running) and the wait for dK. At head_dim 64 each also with the summed dQ (kDqSum): consumer 1 reads consumer 0's
     dQ_w back (LDS.64) after a barrier of both consumers (named barrier 4) and adds the sum once; and with the row-split
     dQ (kDqRows, 128 query rows a step): Sᵀ and dPᵀ as HGMMA m64n128, dV and dK as 2·8, dQ as 8 m64n64 over all 128
     keys, the default kernel's float2 atomics per step (each consumer adds 64 of the 128 rows once). The deterministic
