@@ -1,0 +1,2 @@
+# Call 3 (the machine of calls 1-2, warm): ViT-B/16 at 224 px, batch 256, compiled, timm + SDPA against ours.
+source .device/common.sh; BUDGET=430; phase c224 420 python3 -m benchmarks.train --models vit_base_patch16_224 --batch-size 256 --compiled timm flash cuda --rounds 2 --steps 20 --max-minutes 6.5 --out $OUT --name c224; { nvidia-smi --query-gpu=name --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; date -u; } > $OUT/env.txt; finish; grep "^| vit" $OUT/c224.md

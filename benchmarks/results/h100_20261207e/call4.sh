@@ -1,0 +1,2 @@
+# Call 4 (same machine, warm): ViT-B/16 at 224 px, batch 16, eager and compiled.
+source .device/common.sh; BUDGET=270; phase c16 265 python3 -m benchmarks.train --models vit_base_patch16_224 --batch-size 16 --compiled timm flash cuda --rounds 2 --steps 30 --max-minutes 4.2 --out $OUT --name c16; { nvidia-smi --query-gpu=name --format=csv,noheader; python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.backends.cudnn.version())"; date -u; } > $OUT/env.txt; finish; grep "^| vit" $OUT/c16.md
