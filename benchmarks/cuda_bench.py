@@ -113,6 +113,8 @@ def bench_attention(skip=(), rounds=1, only=()):
         # persistent CTAs in the sequential forward, with auto's backward
         backends["cuda-sm90-persistent"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="persistent",
                                                      bwd_sm90="auto")
+        # the persistent sequential forward with 208-key tiles (head_dim 64: N <= 208 in one tile), auto's backward
+        backends["cuda-sm90-short"] = cuda_with("sm90", "auto", bwd_dq="auto", fwd_sm90="short", bwd_sm90="auto")
         # the ping-pong consumers in persistent CTAs (the forward), with auto's backward
         backends["cuda-sm90-persistent-pingpong"] = cuda_with("sm90", "auto", bwd_dq="auto",
                                                               fwd_sm90="persistent-pingpong", bwd_sm90="auto")
@@ -146,7 +148,7 @@ def bench_attention(skip=(), rounds=1, only=()):
 
 def runs_at(name: str, d: int) -> bool:
     """Whether backend row ``name`` has a kernel at head_dim ``d`` (the column split at 128, some at 64 only)."""
-    d64_only = name.endswith(("overlap", "wide")) or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
+    d64_only = name.endswith(("overlap", "wide", "short")) or name.startswith(("cuda-sm90-dqsum", "cuda-sm90-dqrows"))
     return not ((name.startswith("cuda-sm90-dqcols") and d != 128) or (d64_only and d != 64))
 
 

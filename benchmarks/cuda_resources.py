@@ -40,8 +40,8 @@ template <int D> void sm80() {
 }
 int main() {
   sm80<32>(); sm80<64>(); sm80<128>();
-  std::printf("fwd 64 2 %d\nfwd 128 2 %d\nfwd 64 3 %d\n", FwdSm90Traits<64>::kSmemBytes, FwdSm90Traits<128>::kSmemBytes,
-              FwdSm90Traits<64, 3>::kSmemBytes);
+  std::printf("fwd 64 2 128 %d\nfwd 128 2 128 %d\nfwd 64 3 128 %d\nfwd 64 2 208 %d\n", FwdSm90Traits<64>::kSmemBytes,
+              FwdSm90Traits<128>::kSmemBytes, FwdSm90Traits<64, 3>::kSmemBytes, FwdSm90Traits<64, 2, 208>::kSmemBytes);
   bwd<64, kDqOwn, false>(); bwd<64, kDqOwn, true>(); bwd<64, kDqSum, false>(); bwd<64, kDqSum, true>();
   bwd<64, kDqRows, false>(); bwd<64, kDqRows, true>(); bwd<64, kDqRows, true, true>();
   bwd<128, kDqOwn, false>(); bwd<128, kDqOwn, true>(); bwd<128, kDqCols, false>(); bwd<128, kDqCols, true>();
@@ -100,8 +100,8 @@ def sass_counts(cubin: Path) -> dict[str, dict]:
 
 
 def dynamic_smem(out: Path) -> dict[tuple, int]:
-    """{("fwd", D, consumers) or ("bwd", D, dq mode, tma, pingpong): bytes} from the traits, by a host program built from
-    the headers."""
+    """{("fwd", D, consumers, key tile) or ("bwd", D, dq mode, tma, pingpong): bytes} from the traits, by a host program
+    built from the headers."""
     src, exe = out / "smem.cu", out / "smem"
     src.write_text(_SMEM_PROGRAM)
     subprocess.run([_nvcc(), "-std=c++17", "-arch=sm_90a", *DEFINES, "-I", str(build.CSRC), str(src), "-o", str(exe)],
@@ -132,10 +132,11 @@ def describe(unit: str, kernel: str, smem: dict) -> tuple[str, int]:
                f"{' pingpong' if pp else ' overlap' if overlap == '1' else ''}" \
                f"{' deterministic' if splits == '1' else ''}{' persistent' if walk == '1' else ''}"
         return name, smem.get(("bwd", d, int(mode), int(tma), int(pp)), 0)
-    if "fwd_sm90_kernel" in kernel:  # <dtype, D, schedule (0 sequential, 1 pingpong, 2 wide), consumers, persistent>
+    if "fwd_sm90_kernel" in kernel:  # <dtype, D, schedule (0 sequential, 1 pingpong, 2 wide, 3 short), consumers, persistent>
         schedule, consumers, persist = re.search(r"Li(\d)ELi(\d)ELb(\d)", rest).groups()
-        return f"fwd_sm90 {dtype} d{d}{('', ' pingpong', ' wide')[int(schedule)]}{' persistent' * (persist == '1')}", \
-            smem.get(("fwd", d, int(consumers)), 0)
+        label = ('', ' pingpong', ' wide', ' short')[int(schedule)]
+        return f"fwd_sm90 {dtype} d{d}{label}{' persistent' * (persist == '1')}", \
+            smem.get(("fwd", d, int(consumers), 208 if schedule == "3" else 128), 0)
     if "bwd_kernel" in kernel:  # mma.sync: <dtype, D, warps, dq slices (deterministic)>
         warps, split = re.search(r"Li(\d+)ELb(\d)", rest).groups()
         return f"bwd {dtype} d{d} {warps} warps{' deterministic' if split == '1' else ''}", \

@@ -470,12 +470,15 @@ ptxas info    : Used 227 registers, used 1 barriers, 624 bytes cmem[0]"""
     assert res.describe("bwd_sm90_hdim128_bf16", cols, {("bwd", 128, 1, 1, 1): 197632}) == (
         "bwd_sm90 bf16 d128 dQ columns tma pingpong", 197632)
     fwd = "_ZN4vitk15fwd_sm90_kernelILi1ELi128ELi1ELi2ELb0EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
-    assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128, 2): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
+    assert res.describe("fwd_sm90_hdim128_bf16", fwd, {("fwd", 128, 2, 128): 164864}) == ("fwd_sm90 bf16 d128 pingpong",
                                                                                     164864)
     wide = "_ZN4vitk15fwd_sm90_kernelILi0ELi64ELi2ELi3ELb0EEEv14CUtensorMap_stS1_S1_NS_9FwdParamsE"
-    assert res.describe("fwd_sm90_hdim64_fp16", wide, {("fwd", 64, 3): 91136}) == ("fwd_sm90 fp16 d64 wide", 91136)
+    assert res.describe("fwd_sm90_hdim64_fp16", wide, {("fwd", 64, 3, 128): 91136}) == ("fwd_sm90 fp16 d64 wide", 91136)
     persistent = wide.replace("Li2ELi3ELb0", "Li0ELi2ELb1")
-    assert res.describe("fwd_sm90_hdim64_fp16", persistent, {("fwd", 64, 2): 66560}) == (
+    assert res.describe("fwd_sm90_hdim64_fp16", persistent, {("fwd", 64, 2, 128): 66560}) == (
         "fwd_sm90 fp16 d64 persistent", 66560)
+    short = wide.replace("Li2ELi3ELb0", "Li3ELi2ELb1")  # the 208-key tiles: their own shared memory
+    assert res.describe("fwd_sm90_hdim64_fp16", short, {("fwd", 64, 2, 128): 66560, ("fwd", 64, 2, 208): 107520}) == (
+        "fwd_sm90 fp16 d64 short persistent", 107520)
     dq = "_ZN4vitk13bwd_dq_kernelILi1ELi64EEEvNS_9BwdParamsE"  # named apart from the forward (it was once "fwd")
     assert res.describe("bwd_sm90_hdim64_bf16", dq, smem) == ("dq from dq_accum bf16 d64", 0)

@@ -83,7 +83,8 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     """The Hopper forward, every consumer schedule. Sequential (two consumers, also in persistent CTAs, and at head_dim
     64 also three: wide):
     per key tile D/16 HGMMA for S = Q Kᵀ (m64n128, both operands from shared memory) and 8 for O += P V (A from
-    registers, B transposed). Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
+    registers, B transposed); the short schedule (persistent, head_dim 64) the same with 208-key tiles: m64n208, 13.
+    Pingpong: those twice (the first tile's S and the last tile's P·V are issued apart), all
     of a tile's products after one WARPGROUP.ARRIVE (not serialised: ptxas does so when registers a wgmma reads are
     written while one is in flight), a wait that leaves P·V running (DEPBAR.LE gsb0, 0x1; what runs under it:
     test_sm90_pingpong_softmax_overlaps_pv), and named-barrier arrivals; in persistent CTAs too.
@@ -91,22 +92,24 @@ def test_sm90_forward_sass_uses_wgmma_and_tma(cubins):
     names = [name for (_, name) in cubins if name.startswith("fwd_sm90_")]
     assert len(names) == 4, names  # 2 dtypes x head_dim {64, 128}
     kinds = {("0", "0"): "sequential", ("1", "0"): "pingpong", ("2", "0"): "wide", ("0", "1"): "persistent",
-             ("1", "1"): "persistent-pingpong"}
+             ("1", "1"): "persistent-pingpong", ("3", "1"): "short"}
     for name in names:  # fwd_sm90_kernel<DTYPE, D, SCHEDULE, C, PERSIST>
         d, ty = re.match(r"fwd_sm90_hdim(\d+)_(bf16|fp16)", name).groups()
         functions = _functions(_sass(cubins[("sm_90a", name)][0]))
         schedules = {kinds[re.search(r"fwd_sm90_kernelILi\d+ELi\d+ELi(\d)ELi\dELb(\d)E", f).groups()]: sass
                      for f, sass in functions.items() if "fwd_sm90_kernel" in f}
-        expected = {"sequential", "pingpong", "persistent", "persistent-pingpong"} | ({"wide"} if d == "64" else set())
+        expected = {"sequential", "pingpong", "persistent", "persistent-pingpong"}
+        expected |= {"wide", "short"} if d == "64" else set()
         assert set(schedules) == expected, f"{name}: {list(functions)}"
         suffix = r"\.BF16" if ty == "bf16" else ""  # ptxas writes fp16 HGMMA as plain .F32
-        ss = rf"HGMMA\.64x128x16\.F32{suffix} R\d+, gdesc"
         rs = rf"HGMMA\.64x{d}x16\.F32{suffix} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB"
         for schedule, sass in schedules.items():
             copies = 2 if schedule.endswith("pingpong") else 1
+            keys = 208 if schedule == "short" else 128  # the key tile (FwdSm90Traits' BN)
+            ss = rf"HGMMA\.64x{keys}x16\.F32{suffix} R\d+, gdesc"
             where = f"{name} ({schedule})"
             assert len(re.findall(ss, sass)) == copies * int(d) // 16, f"{where}: S = Q Kᵀ is not {int(d) // 16} HGMMA"
-            assert len(re.findall(rs, sass)) == copies * 8, f"{where}: O += P V is not 8 HGMMA with A from registers"
+            assert len(re.findall(rs, sass)) == copies * keys // 16, f"{where}: O += P V is not {keys // 16} HGMMA"
             assert "UTMALDG.4D" in sass, f"{where}: no TMA load (UTMALDG) in the SASS"
             assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, f"{where}: no mbarrier wait in the SASS"
             assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass, f"{where}: no setmaxnreg"
@@ -444,6 +447,7 @@ def test_hopper_gpu_with_a_build_without_sm90a_is_an_error_not_a_fallback(monkey
 class _Sm90Ext:
     fwd_sm90, fwd_sm90_pingpong, fwd_sm90_wide = "sequential forward", "pingpong forward", "wide forward"
     fwd_sm90_persistent, fwd_sm90_persistent_pingpong = "persistent forward", "persistent-pingpong forward"
+    fwd_sm90_short = "short forward"
 
 
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
@@ -462,6 +466,10 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     monkeypatch.setattr(ops, "FWD_SM90", "wide")
     assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"
     with pytest.raises(ValueError, match="wide has kernels for head_dim 64 only.*got 128"):
+        ops.sm90_forward(_Sm90Ext, q128)
+    monkeypatch.setattr(ops, "FWD_SM90", "short")
+    assert ops.sm90_forward(_Sm90Ext, q64) == "short forward"
+    with pytest.raises(ValueError, match="short has kernels for head_dim 64 only.*got 128"):
         ops.sm90_forward(_Sm90Ext, q128)
     monkeypatch.setattr(ops, "FWD_SM90", "persistent")
     assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent forward"
@@ -595,7 +603,7 @@ if ops.BWD_DQ == "auto":
     shapes = ((1, 64), (300, 64), (1, 128), (300, 128))
 if ops.BWD_SM90 == "overlap":  # head_dim 64 only
     shapes = tuple((n, d) for n, d in shapes if d == 64)
-B = 96 if ops.FWD_SM90.startswith("persistent") or ops.BWD_SM90 == "persistent" else 2  # 864 tiles at N = 300: several a CTA
+B = 96 if ops.FWD_SM90.startswith(("persistent", "short")) or ops.BWD_SM90 == "persistent" else 2  # 864 tiles at N = 300: several a CTA
 if ops.BWD_SM90 == "persistent":  # key CTAs counted for one SM: one CTA per (batch, head) walks its every key tile
     ops._sm_count = lambda index: 1
 for n, d in shapes:  # one tile; several, wrapping the 2-stage rings
@@ -616,7 +624,8 @@ print("finished")
     ("columns-tma", "sequential", "pingpong"), ("auto", "auto", "deterministic"), ("rows-tma", "wide", "sequential"),
     ("columns-tma", "persistent", "sequential"), ("rows-tma", "persistent", "sequential"),
     ("rows-tma", "sequential", "persistent"), ("columns-tma", "sequential", "persistent"),
-    ("rows-tma", "persistent-pingpong", "sequential"), ("columns-tma", "persistent-pingpong", "sequential")])
+    ("rows-tma", "persistent-pingpong", "sequential"), ("columns-tma", "persistent-pingpong", "sequential"),
+    ("rows-tma", "short", "sequential")])
 def test_sm90_kernels_finish(dq, schedule, bwd_schedule):
     """First of the sm90 tests: forward (pingpong: the pipelined consumers; wide: three consumers; persistent: one CTA an
     SM looping over the Q tiles) and backward (persistent: one CTA an SM walking the key tiles, K and V reloaded through
@@ -662,7 +671,7 @@ def test_matches_float64(seq_len, head_dim, dtype, bwd_warps, monkeypatch):
                                  "sm90-overlap", "sm90-overlap-dqtma", "sm90-dqsum", "sm90-dqsum-tma",
                                  "sm90-overlap-dqsum", "sm90-overlap-dqsum-tma", "sm90-dqrows", "sm90-dqrows-tma",
                                  "sm90-dqrows-tma-pp", "sm90-dqcols-tma-pp", "sm90-det", "sm90-wide",
-                                 "sm90-persistent", "sm90-persistent-ppfwd", "sm90-persistent-bwd"])
+                                 "sm90-persistent", "sm90-persistent-ppfwd", "sm90-persistent-bwd", "sm90-short"])
 def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     """The Hopper forward (wgmma, TMA), then the mma.sync or the Hopper backward from its out and lse
     (sm90-dqcols: its column-split dQ, head_dim 128 after padding only; sm80-pingpong: the forward's pipelined
@@ -672,16 +681,18 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
     rows across the consumers; sm90-dqrows-tma-pp, sm90-dqcols-tma-pp: those kernels' products issued by the two
     consumers in turn; sm90-det: the deterministic backward, its slices counted for one SM so that each CTA walks
     every key tile of its (batch, head); sm90-wide: the forward's three consumers, sm90-persistent: its persistent CTAs,
-    sm90-persistent-ppfwd: its ping-pong consumers in persistent CTAs, each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
+    sm90-persistent-ppfwd: its ping-pong consumers in persistent CTAs, sm90-short: its 208-key tiles (head_dim 64),
+    each with the default backward; sm90-persistent-bwd: the backward's persistent CTAs, rows-tma / columns-tma)."""
     if not is_hopper():
         pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
     if bwd.startswith("sm90-dqcols") and head_dim == 64:
         pytest.skip("the column-split dQ kernel is for head_dim 128 (80, 96 padded)")
-    if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd) and head_dim != 64:
-        pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide forward are for head_dim 64")
+    if ("overlap" in bwd or "dqsum" in bwd or "dqrows" in bwd or "wide" in bwd or "short" in bwd) and head_dim != 64:
+        pytest.skip("the overlapped consumer, the summed and the row-split dQ and the wide and short forwards are for "
+                    "head_dim 64")
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong" if bwd.endswith("pingpong") else
                         "persistent-pingpong" if bwd == "sm90-persistent-ppfwd" else
-                        bwd[5:] if bwd in ("sm90-wide", "sm90-persistent") else "sequential")
+                        bwd[5:] if bwd in ("sm90-wide", "sm90-persistent", "sm90-short") else "sequential")
     monkeypatch.setattr(ops, "FWD_PATH", "sm90")
     monkeypatch.setattr(ops, "BWD_PATH", bwd[:4])
     monkeypatch.setattr(ops, "BWD_DQ", {"sm90-dqcols": "columns", "sm90-dqtma": "tma", "sm90-dqcols-tma": "columns-tma",
@@ -691,7 +702,7 @@ def test_sm90_matches_float64(seq_len, head_dim, dtype, bwd, monkeypatch):
                                         "sm90-dqrows-tma": "rows-tma", "sm90-dqrows-tma-pp": "rows-tma",
                                         "sm90-dqcols-tma-pp": "columns-tma", "sm90-wide": "auto",
                                         "sm90-persistent": "auto", "sm90-persistent-ppfwd": "auto",
-                                        "sm90-persistent-bwd": "auto"}.get(bwd, "atomic"))
+                                        "sm90-persistent-bwd": "auto", "sm90-short": "auto"}.get(bwd, "atomic"))
     monkeypatch.setattr(ops, "BWD_SM90", "overlap" if bwd.startswith("sm90-overlap") else
                         "pingpong" if bwd.endswith("-pp") else "persistent" if bwd == "sm90-persistent-bwd" else
                         "sequential")
@@ -805,6 +816,21 @@ def test_sm90_wide_forward_equals_sequential_bitwise(N, dtype):
     bitwise equal, at N within one CTA, across the 192-row boundary and with a ragged last CTA; packed (strided) q, k,
     v as the ViT passes them."""
     _assert_forwards_equal("fwd_sm90", "fwd_sm90_wide", 2, 5, N, 64, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("N", [129, 197, 208, 209, 417, 1025])
+def test_sm90_short_forward_against_float64(N, dtype, monkeypatch):
+    """The 208-key-tile forward (VIT_CUDA_FWD_SM90=short): one key tile up to N = 208, a second of one key at 209,
+    several past it; 64 x 3 heads, so that each persistent CTA loops over several Q tiles. Out and the gradients
+    (auto's backward) against float64."""
+    if not is_hopper():
+        pytest.skip("the sm90 kernels need a compute capability 9.0 GPU (H100, H200)")
+    monkeypatch.setattr(ops, "FWD_PATH", "sm90")
+    monkeypatch.setattr(ops, "FWD_SM90", "short")
+    q, k, v = make_qkv(64, 3, N, 64, dtype=dtype, device="cuda")
+    check_against_reference(attention, q, k, v)
 
 
 _EXT_ERROR = """

@@ -115,7 +115,10 @@ FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # 1.667 / 1.676 / 1.833 vs 1.821 / 1.829 / 1.865;
 # (256, 12, 197, 128) 0.285 / 0.285 / 0.287 vs persistent 0.282 / 0.292 / 0.293, where auto keeps persistent. Slower at
 # head_dim 64: 0.955-1.006 vs wide 0.829-0.860 at (8, 12, 4096, 64).
-FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong")
+# "short" (head_dim 64): the persistent sequential forward with 208-key tiles, so that N <= 208 (ViT at 224 px: 197)
+# is one key tile, not 128 + 69 keys: 19 % fewer S and P·V products at N = 197 and one softmax pass. Opt-in: not yet
+# measured on a GPU, so auto does not pick it.
+FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong", "short")
 
 
 @functools.cache
@@ -289,14 +292,15 @@ def sm90_forward(ext, q: Tensor):
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"), ``fwd_sm90_wide``
     ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent";
     "auto" picks it where :func:`persistent_pays`) or ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
-    picks it at head_dim 128 past N = 1024). Raises ValueError for another value, or "wide" at another head_dim."""
+    picks it at head_dim 128 past N = 1024) or ``fwd_sm90_short`` ("short", head_dim 64: persistent, 208-key tiles).
+    Raises ValueError for another value, or "wide" or "short" at another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
-    if FWD_SM90 == "wide":
+    if FWD_SM90 in ("wide", "short"):
         if q.shape[-1] != 64:
-            raise ValueError(f"VIT_CUDA_FWD_SM90=wide has kernels for head_dim 64 only (q as the kernels get it, "
+            raise ValueError(f"VIT_CUDA_FWD_SM90={FWD_SM90} has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
-        return ext.fwd_sm90_wide
+        return ext.fwd_sm90_wide if FWD_SM90 == "wide" else ext.fwd_sm90_short
     auto = FWD_SM90 == "auto"
     if FWD_SM90 == "persistent" or (auto and persistent_pays(q.shape[-2], q.shape[-1])):
         return ext.fwd_sm90_persistent

@@ -94,8 +94,9 @@ at::Tensor tma_ready(const at::Tensor &t) {
 }
 
 // sm90 = true runs the Hopper kernels (fwd_sm90.cuh; schedule: kFwdSequential, kFwdPingpong (its pipelined
-// consumers) or kFwdWide (three sequential consumers, head_dim 64); persistent: one CTA an SM looping over the Q
-// tiles, sequential schedules only), else the mma.sync ones (fwd.cuh).
+// consumers), kFwdWide (three sequential consumers, head_dim 64) or kFwdShort (sequential, 208-key tiles, head_dim
+// 64, persistent only); persistent: one CTA an SM looping over the Q tiles, not with kFwdWide), else the mma.sync
+// ones (fwd.cuh).
 std::vector<at::Tensor> fwd_impl(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale, bool sm90,
                                  int schedule = 0, bool persistent = false) {
   check_qkv(q, "q", q);
@@ -179,6 +180,13 @@ std::vector<at::Tensor> fwd_sm90_persistent(at::Tensor q, at::Tensor k, at::Tens
 std::vector<at::Tensor> fwd_sm90_persistent_pingpong(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
   check_sm90(q);
   return fwd_impl(q, k, v, softmax_scale, true, 1, true);
+}
+
+std::vector<at::Tensor> fwd_sm90_short(at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale) {
+  check_sm90(q);
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.size(3) == 64, "the 208-key-tile sm90 forward (fwd_sm90_short) has kernels "
+                    "for head_dim 64 only: use fwd_sm90_persistent");
+  return fwd_impl(q, k, v, softmax_scale, true, 3, true);
 }
 
 // dq, dk, dv to write: new contiguous (B, H, N, d) tensors, or the three (B, H, N, d) views of a packed
@@ -340,6 +348,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_persistent_pingpong", &fwd_sm90_persistent_pingpong, "fwd_sm90_pingpong with one CTA an SM looping "
         "over the Q tiles: (q, k, v, softmax_scale) -> [out, lse]");
+  m.def("fwd_sm90_short", &fwd_sm90_short, "fwd_sm90_persistent with 208-key tiles, all of N <= 208 in one (head_dim "
+        "64): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90_wide", &fwd_sm90_wide, "fwd_sm90 with three consumer warpgroups, 192 query rows a CTA (head_dim 64): "
         "(q, k, v, softmax_scale) -> [out, lse]");
 #ifdef VITK_SM90A

@@ -32,15 +32,17 @@ namespace vitk {
 // C consumer warpgroups: 2, or 3 at head_dim 64 (FlashAttention-3's head_dim-64 forward tile, 192 query rows a CTA:
 // a third warpgroup's softmax or products fill the tensor pipe while the other two wait; 24/160 registers, as FA-3
 // splits four warpgroups).
-template <int D, int C = 2> struct FwdSm90Traits {
+// BN: keys per tile, 128, or 208 in the short schedule (head_dim 64, two consumers: one tile for N <= 208).
+template <int D, int C = 2, int BN = 128> struct FwdSm90Traits {
   static_assert(D == 64 || D == 128, "the sm90 forward has kernels for head_dim 64 and 128");
   static_assert(C == 2 || (C == 3 && D == 64), "three consumers: head_dim 64 only (registers)");
+  static_assert(BN == 128 || (BN == 208 && D == 64 && C == 2), "208-key tiles: head_dim 64, two consumers");
   static constexpr int kConsumers = C;                 // consumer warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA (shares each K/V tile)
   // keys per tile: S is m64n128 per consumer. 176 at head_dim 128 (FlashAttention-3's tile) measured about 1 % faster
   // at (8, 16, 4096, 128) and 10-14 % slower at (256, 12, 197, 128) (H100, benchmarks/results/h100_20261207e.md).
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = BN;
   static constexpr int kStages = 2;                    // K/V ring depth
   static constexpr int kColBlocks = D / 64;            // 128-byte swizzle blocks per row
   static constexpr int kQBytes = kBlockM * D * 2;
@@ -52,8 +54,10 @@ template <int D, int C = 2> struct FwdSm90Traits {
 };
 
 // The forward's consumer schedules (run_fwd_sm90's `schedule`, api.cpp's fwd_sm90 / _pingpong / _wide).
-enum : int { kFwdSequential = 0, kFwdPingpong = 1, kFwdWide = 2 };  // kFwdWide: sequential, three consumers
+// kFwdWide: sequential, three consumers. kFwdShort: sequential, 208-key tiles, persistent CTAs only (head_dim 64).
+enum : int { kFwdSequential = 0, kFwdPingpong = 1, kFwdWide = 2, kFwdShort = 3 };
 template <int SCHEDULE> constexpr int kFwdConsumers = SCHEDULE == kFwdWide ? 3 : 2;
+template <int SCHEDULE> constexpr int kFwdKeys = SCHEDULE == kFwdShort ? 208 : 128;
 
 template <int STAGES> struct FwdSm90Barriers {
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
@@ -171,11 +175,13 @@ __device__ __forceinline__ void fwd_sm90_store(const FwdParams &p, const float (
 // S = Q Kᵀ for this warpgroup's 64 rows (Qw) and the K tile at Kb, issued and committed as one wgmma group.
 template <int DTYPE, int D, int BM = FwdSm90Traits<D>::kBlockM, int NS, typename T>
 __device__ __forceinline__ void issue_qk(float (&s)[NS], const T *Qw, const T *Kb) {
-  constexpr int BN = FwdSm90Traits<D>::kBlockN;
+  constexpr int BN = 2 * NS;  // the key tile: S holds half its columns in each thread
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: 64-column block kk/4, 32 bytes per step inside it
     const int blk = kk / 4, col = (kk % 4) * 16;
-    wgmma_ss_n128<DTYPE, 0, 0>(s, make_desc_k(Qw + blk * BM * 64 + col), make_desc_k(Kb + blk * BN * 64 + col), kk > 0);
+    const uint64_t qd = make_desc_k(Qw + blk * BM * 64 + col), kd = make_desc_k(Kb + blk * BN * 64 + col);
+    if constexpr (BN == 208) wgmma_ss_n208<DTYPE, 0, 0>(s, qd, kd, kk > 0);
+    else wgmma_ss_n128<DTYPE, 0, 0>(s, qd, kd, kk > 0);
   }
   wgmma_commit();
 }
@@ -183,7 +189,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[NS], const T *Qw, const T *K
 // O += P V for the V tile at Vb (P from registers), issued and committed as one wgmma group.
 template <int DTYPE, int D, int NO, int KS, typename T>
 __device__ __forceinline__ void issue_pv(float (&o)[NO], const uint32_t (&pa)[KS][4], const T *Vb) {
-  constexpr int BN = FwdSm90Traits<D>::kBlockN;
+  constexpr int BN = 16 * KS;  // the key tile: one k-step of 16 keys per P fragment
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {  // keys 16kk..16kk+15: two 8-row groups, 2048 bytes further on
     const uint64_t vd = make_desc_mn(Vb + kk * 16 * 64, BN * 128);
@@ -195,7 +201,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[NO], const uint32_t (&pa)[KS
 
 // Consumer warpgroup `w` of C: rows m0 + 64w .. m0 + 64w + 63 of the Q tile; `it0`, `local`: as the producer's
 // (PERSIST: release the Q tile, q_empty, once its last products are done, before the epilogue).
-template <int DTYPE, int D, int C, bool PERSIST = false>
+template <int DTYPE, int D, int C, bool PERSIST = false, int BN_ = 128>
 __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typename Elem<DTYPE>::T *Qs,
                                                  const typename Elem<DTYPE>::T *Ks,
                                                  const typename Elem<DTYPE>::T *Vs,
@@ -203,7 +209,7 @@ __device__ __forceinline__ void fwd_sm90_consume(const FwdParams &p, const typen
                                                  int m0, int h, int b, int n_blocks, uint32_t it0 = 0,
                                                  uint32_t local = 0) {
   using T = typename Elem<DTYPE>::T;
-  using Tr = FwdSm90Traits<D, C>;
+  using Tr = FwdSm90Traits<D, C, BN_>;
   constexpr int BN = Tr::kBlockN, S = Tr::kStages, NS = BN / 2, NO = D / 2;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const T *Qw = Qs + w * 64 * 64;  // this warpgroup's rows inside every 64-column block
@@ -374,7 +380,7 @@ __device__ __forceinline__ void fwd_sm90_persist(const CUtensorMap *tm_q, const 
     else if constexpr (SCHEDULE == kFwdPingpong)  // the turns run on across tiles: first / last balance them
       fwd_sm90_consume_pp<DTYPE, D, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local, local == 0,
                                           tile + (int)gridDim.x >= tiles);
-    else fwd_sm90_consume<DTYPE, D, C, true>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local);
+    else fwd_sm90_consume<DTYPE, D, C, true, Tr::kBlockN>(p, Qs, Ks, Vs, bar, w, tid, m0, h, b, n_blocks, it, local);
   }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -385,7 +391,7 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
                     const __grid_constant__ CUtensorMap tm_v, const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = typename Elem<DTYPE>::T;
-  using Tr = FwdSm90Traits<D, C>;
+  using Tr = FwdSm90Traits<D, C, kFwdKeys<SCHEDULE>>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ FwdSm90Barriers<Tr::kStages> bar;
   // 128B-swizzled TMA tiles must start on 1024-byte boundaries of the shared window.
@@ -409,6 +415,7 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
   }
   __syncthreads();
   static_assert(!PERSIST || SCHEDULE != kFwdWide, "persistent CTAs: two consumers, sequential or ping-pong");
+  static_assert(PERSIST || SCHEDULE != kFwdShort, "the short schedule: persistent CTAs only");
   if constexpr (PERSIST) {
     if (wg == 0) {
       setmaxnreg_dec<Tr::kProducerRegs>();
@@ -426,7 +433,7 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, C>::kThreads, 1)
     setmaxnreg_inc<Tr::kConsumerRegs>();
     if constexpr (SCHEDULE == kFwdPingpong)
       fwd_sm90_consume_pp<DTYPE, D>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
-    else fwd_sm90_consume<DTYPE, D, C>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
+    else fwd_sm90_consume<DTYPE, D, C, false, Tr::kBlockN>(p, Qs, Ks, Vs, bar, wg - 1, tid, m0, h, b, n_blocks);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();  // built for an architecture without wgmma/TMA: the host never launches this
@@ -491,7 +498,7 @@ inline cudaError_t sm_count(int *count) {
 template <int DTYPE, int D, int SCHEDULE, bool PERSIST = false>
 cudaError_t launch_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **what) {
   constexpr int C = kFwdConsumers<SCHEDULE>;
-  using Tr = FwdSm90Traits<D, C>;
+  using Tr = FwdSm90Traits<D, C, kFwdKeys<SCHEDULE>>;
   CUtensorMap tm_q, tm_k, tm_v;
   const bool bf16 = DTYPE == kBFloat16;
   *what = "cuTensorMapEncodeTiled (q, k or v: strides must be multiples of 16 bytes)";
@@ -536,8 +543,10 @@ cudaError_t run_fwd_sm90(const FwdParams &p, cudaStream_t stream, const char **w
                       : launch_fwd_sm90<DTYPE, D, kFwdSequential>(p, stream, what);
   if constexpr (D == 64) {
     if (schedule == kFwdWide && !persistent) return launch_fwd_sm90<DTYPE, D, kFwdWide>(p, stream, what);
+    if (schedule == kFwdShort && persistent) return launch_fwd_sm90<DTYPE, D, kFwdShort, true>(p, stream, what);
   }
-  *what = "this sm90 forward schedule (wide: head_dim 64 only; persistent: sequential or pingpong)";
+  *what = "this sm90 forward schedule (wide: head_dim 64 only; short: head_dim 64, persistent; persistent: "
+          "sequential, pingpong or short)";
   return cudaErrorInvalidValue;
 }
 
