@@ -3,7 +3,8 @@
 # Setup on the main checkout: this file and benchmarks/results/h200_20261203/common.sh in .device/,
 # `git rev-parse --short HEAD > .device/COMMIT`, carry [".whl", ".device"].
 #   a: kernels and CPU cost: cuda_bench (cuda-auto, the opt-in short forward beside persistent, both peers, 2
-#      rounds), flash_bench (baseline shapes), launch_overhead; ViT-B/16 224 px at batch 16 and 64, eager (timm, sdpa, flash, cuda).
+#      rounds), flash_bench (baseline shapes), launch_overhead (--profile: where the cuda and flash calls spend their
+#      CPU); ViT-B/16 224 px at batch 16 and 64, eager (timm, sdpa, flash, cuda).
 #   b: 224 px batch 256 and 512 px batch 64, eager and compiled (timm, flash, cuda).
 #   c: 1024 px batch 8, eager and compiled (timm, flash, cuda); the CUDA kernels' GPU tests.
 source .device/common.sh
@@ -15,7 +16,7 @@ T="python3 -m benchmarks.train --rounds 2 --steps 20 --out $OUT"
 if [ "$1" = a ]; then
   phase bench 90 python3 -u benchmarks/cuda_bench.py --attention-only --rounds 2 --only cuda-auto --only cuda-sm90-short --only cuda-sm90-persistent --json $OUT/bench.json
   phase flash 150 python3 -u benchmarks/flash_bench.py
-  phase overhead 90 python3 -u -m benchmarks.launch_overhead --rounds 5
+  phase overhead 100 python3 -u -m benchmarks.launch_overhead --rounds 3 --profile
   phase b16 110 $T --models vit_base_patch16_224 --batch-size 16 --eager timm sdpa flash cuda --compiled --max-minutes 1.8 --name b16
   phase b64 110 $T --models vit_base_patch16_224 --batch-size 64 --eager timm sdpa flash cuda --compiled --max-minutes 1.8 --name b64
 elif [ "$1" = b ]; then
