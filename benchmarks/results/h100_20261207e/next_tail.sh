@@ -1,6 +1,7 @@
 # Not run yet: one call (about 8 minutes, any Hopper GPU; run it first, the machine warm for next_h200.sh after) for
 # branch wip/fwd-tail (fwd_tail.patch beside this file: the sequential forward consumers cut the last key tile's
-# products to 16 or 80 keys where N leaves no more; N = 197, 577, 1025, 4097 in a ViT) and main's opt-in short forward
+# products to 16 or 80 keys where N leaves no more, N = 197, 577, 1025, 4097 in a ViT, and a consumer with no query
+# row below N skips its products) and main's opt-in short forward
 # (VIT_CUDA_FWD_SM90=short, never GPU-run). GPU tests of the patched copy (its float64 tests cover tails of 1, 17, 69,
 # 65 and 1 keys, and the ping-pong forward, which keeps full tiles, must still equal the sequential one bitwise), the
 # short forward's own tests on main, then cuda_bench on main and the patched copy, alternating twice.
