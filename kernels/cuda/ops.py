@@ -291,7 +291,7 @@ def sm90_forward(ext, q: Tensor):
     """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"), ``fwd_sm90_wide``
     ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent";
-    "auto" picks it where :func:`persistent_pays`) or ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
+    "auto" picks it where :func:`persistent_pays`), ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
     picks it at head_dim 128 past N = 1024) or ``fwd_sm90_short`` ("short", head_dim 64: persistent, 208-key tiles).
     Raises ValueError for another value, or "wide" or "short" at another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:

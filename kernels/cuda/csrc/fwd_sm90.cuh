@@ -40,8 +40,8 @@ template <int D, int C = 2, int BN = 128> struct FwdSm90Traits {
   static constexpr int kConsumers = C;                 // consumer warpgroups, 64 query rows each
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA (shares each K/V tile)
-  // keys per tile: S is m64n128 per consumer. 176 at head_dim 128 (FlashAttention-3's tile) measured about 1 % faster
-  // at (8, 16, 4096, 128) and 10-14 % slower at (256, 12, 197, 128) (H100, benchmarks/results/h100_20261207e.md).
+  // keys per tile: S is m64n{BN} per consumer. 176 at head_dim 128 (FlashAttention-3's tile) measured about 1 %
+  // faster at (8, 16, 4096, 128) and 10-14 % slower at (256, 12, 197, 128) (H100, benchmarks/results/h100_20261207e.md).
   static constexpr int kBlockN = BN;
   static constexpr int kStages = 2;                    // K/V ring depth
   static constexpr int kColBlocks = D / 64;            // 128-byte swizzle blocks per row
