@@ -1,4 +1,4 @@
-"""attention=cuda's eager path (kernels.cuda.eager) against its torch.library ops, which torch.compile traces: the
+"""attention=cuda's eager path (kernels.cuda.eager: the extension's C++ autograd node) against its torch.library ops, which torch.compile traces: the
 same kernels with the same arguments, so out, dk and dv are bitwise equal, and dq too in the deterministic mode
 (with atomic or TMA-added dq, the float32 adds' order may differ: within one bfloat16 rounding)."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_eager_path_equals_the_op_path(B, H, N, head_dim, deterministic):
     eager = _out_and_grads(lambda: attention(q, k, v, deterministic=deterministic), (q, k, v), do)
     op = _out_and_grads(lambda: torch.ops.vit_cuda.attn_fwd(q, k, v, scale, deterministic)[0], (q, k, v), do)
     _assert_same(eager, op, deterministic)
-    assert type(attention(q, k, v).grad_fn).__name__ == "EagerAttentionBackward"
+    assert attention(q, k, v).grad_fn.name().endswith("::Attention>")  # csrc/eager.cpp's node, not the op's
 
 
 @pytest.mark.gpu
@@ -54,4 +54,16 @@ def test_packed_eager_path_equals_the_op_path(B, H, N, head_dim, deterministic):
     eager = _out_and_grads(lambda: attention_qkvpacked(qkv, deterministic=deterministic), (qkv,), do)
     op = _out_and_grads(lambda: torch.ops.vit_cuda.attn_fwd_qkvpacked(qkv, scale, deterministic)[0], (qkv,), do)
     _assert_same(eager, op, deterministic)
-    assert type(attention_qkvpacked(qkv).grad_fn).__name__ == "EagerAttentionQKVPackedBackward"
+    assert attention_qkvpacked(qkv).grad_fn.name().endswith("::AttentionQKVPacked>")
+
+
+@pytest.mark.gpu
+def test_eager_second_derivative_raises_when_taken():
+    """The node's gradients are once differentiable, as the op path's: the first derivative with create_graph=True
+    is returned, a second one raises."""
+    q, k, v = make_qkv(2, 3, 197, 64, dtype=torch.bfloat16, device="cuda")
+    out = attention(q, k, v)
+    (dq,) = torch.autograd.grad(out.float().square().sum(), (q,), create_graph=True)
+    assert torch.isfinite(dq).all()
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.float().sum().backward()
