@@ -159,7 +159,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if tracing(qkv):
         return ops.attn_fwd_qkvpacked(qkv, scale, deterministic)[0]  # (B, H, N, d)
-    return eager.attention_qkvpacked(qkv, q, scale, deterministic)  # (B, H, N, d)
+    return eager.attention_qkvpacked(qkv, (q, k, v), scale, deterministic)  # (B, H, N, d)
 
 
 __all__ = ["DTYPES", "HEAD_DIMS", "attention", "attention_qkvpacked", "check_inputs"]

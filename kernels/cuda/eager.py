@@ -8,6 +8,7 @@ process (benchmarks/results/h200_20261204_d/call1_launch.log). ``torch.compile``
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from . import ops
@@ -24,11 +25,25 @@ def plan(q: Tensor, deterministic: bool) -> tuple[str, list[int]]:
 def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
     """out ``(B, H, N, d)`` (laid out as ``(B, N, H, d)``) of q, k, v ``(B, H, N, d)`` float16/bfloat16 CUDA tensors as
     the kernels take them (head_dim 32, 64 or 128, last stride 1), differentiable once; a second derivative raises
-    RuntimeError when it is taken."""
+    RuntimeError when it is taken. With no gradient to record (no_grad, inference, no input requiring one) only the
+    forward runs, and the backward's settings are not read, as on the op path."""
+    if not _records_grad(q, k, v):
+        return _forward_only(q, k, v, softmax_scale)
     return ops.extension().attention(q, k, v, softmax_scale, *plan(q, deterministic))
 
 
-def attention_qkvpacked(qkv: Tensor, q: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
-    """:func:`attention` on a packed ``(B, N, 3, H, d)`` qkv (``q`` its first ``(B, H, N, d)`` view, for the plan);
-    the gradient is one contiguous ``(B, N, 3, H, d)`` tensor."""
-    return ops.extension().attention_qkvpacked(qkv, softmax_scale, *plan(q, deterministic))
+def attention_qkvpacked(qkv: Tensor, views: tuple[Tensor, Tensor, Tensor], softmax_scale: float,
+                        deterministic: bool) -> Tensor:
+    """:func:`attention` on a packed ``(B, N, 3, H, d)`` qkv, ``views`` its ``split_qkv`` (B, H, N, d) views; the
+    gradient is one contiguous ``(B, N, 3, H, d)`` tensor."""
+    if not _records_grad(qkv):
+        return _forward_only(*views, softmax_scale)
+    return ops.extension().attention_qkvpacked(qkv, softmax_scale, *plan(views[0], deterministic))
+
+
+def _records_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _forward_only(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> Tensor:
+    return getattr(ops.extension(), ops.forward_name(q))(q, k, v, softmax_scale)[0]  # (B, H, N, d)

@@ -81,9 +81,13 @@ struct Attention : public torch::autograd::Function<Attention> {
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto s = ctx->get_saved_variables();  // q, k, v, out, lse
-    auto g = backward_impl(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["softmax_scale"].toDouble(),
-                           ctx->saved_data["plan"].toIntVector(), std::nullopt);
+    std::vector<at::Tensor> g;
+    {
+      torch::NoGradGuard no_grad;  // as once_differentiable runs a backward: no graph of its copies and views
+      auto s = ctx->get_saved_variables();  // q, k, v, out, lse
+      g = backward_impl(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["softmax_scale"].toDouble(),
+                        ctx->saved_data["plan"].toIntVector(), std::nullopt);
+    }
     auto d = once_differentiable({g[0], g[1], g[2]}, grads[0]);
     return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -112,11 +116,15 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
   }
 
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
-    auto s = ctx->get_saved_variables();  // qkv, out, lse
-    auto [q, k, v] = split_qkv(s[0]);
-    auto dqkv = at::empty(s[0].sizes(), s[0].options().memory_format(at::MemoryFormat::Contiguous));  // (B, N, 3, H, d)
-    Attention::backward_impl(grads[0], q, k, v, s[1], s[2], ctx->saved_data["softmax_scale"].toDouble(),
-                             ctx->saved_data["plan"].toIntVector(), dqkv);
+    at::Tensor dqkv;
+    {
+      torch::NoGradGuard no_grad;
+      auto s = ctx->get_saved_variables();  // qkv, out, lse
+      auto [q, k, v] = split_qkv(s[0]);
+      dqkv = at::empty(s[0].sizes(), s[0].options().memory_format(at::MemoryFormat::Contiguous));  // (B, N, 3, H, d)
+      Attention::backward_impl(grads[0], q, k, v, s[1], s[2], ctx->saved_data["softmax_scale"].toDouble(),
+                               ctx->saved_data["plan"].toIntVector(), dqkv);
+    }
     return {once_differentiable({dqkv}, grads[0])[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
