@@ -266,13 +266,14 @@ def _call_arguments(text: str, open_paren: int) -> list[str]:
 def test_extension_checks_pass_one_message():
     """Every TORCH_CHECK in the host binding gets one message, a literal or msg(...): several message arguments go
     through c10::str's ostringstream, which crashed the process instead of raising (api.cpp's msg())."""
-    text = (build.CSRC / "api.cpp").read_text()
-    checks = list(re.finditer(r"TORCH_CHECK\w*\(", text))
-    assert len(checks) > 20
-    for m in checks:
-        args = _call_arguments(text, m.end() - 1)
-        line = text.count("\n", 0, m.start()) + 1
-        assert len(args) == 2, f"api.cpp:{line}: {m.group(0)} with {len(args) - 1} message arguments: wrap them in msg()"
+    for name, least in (("api.cpp", 20), ("eager.cpp", 3)):
+        text = (build.CSRC / name).read_text()
+        checks = list(re.finditer(r"TORCH_CHECK\w*\(", text))
+        assert len(checks) >= least
+        for m in checks:
+            args = _call_arguments(text, m.end() - 1)
+            line = text.count("\n", 0, m.start()) + 1
+            assert len(args) == 2, f"{name}:{line}: {m.group(0)} with {len(args) - 1} message arguments: wrap them in msg()"
 
 
 @pytest.mark.slow
@@ -288,7 +289,7 @@ def test_whole_extension_builds_and_imports(tmp_path, monkeypatch):
     finally:
         build.extension.cache_clear()
     assert all(hasattr(module, name) for name in ("fwd", "fwd_sm90", "fwd_sm90_pingpong", "bwd", "bwd_sm90",
-                                                  "vector_add"))
+                                                  "backward", "attention", "attention_qkvpacked", "vector_add"))
     assert module.has_sm90
 
 
@@ -403,6 +404,22 @@ def _paths(monkeypatch, setting, capability, head_dim=64, seq_len=4096, has_sm90
     return ops.fwd_path(q), ops.bwd_path(q)
 
 
+def test_eager_plan_is_the_ops_choice(monkeypatch):
+    """The C++ eager node's plan: the forward the ops run and the backward arguments in the extension's order."""
+    from kernels.cuda import eager
+    _paths(monkeypatch, "auto", (9, 0))
+    q197, q4096 = torch.empty(256, 12, 197, 64, device="meta"), torch.empty(8, 16, 4096, 128, device="meta")
+    assert eager.plan(q197, False) == ("fwd_sm90_persistent", [1, ops.BWD_WARPS, 0, 0, 0, 1, 1, 0, 0])
+    assert eager.plan(q4096, False) == ("fwd_sm90_persistent_pingpong", [1, ops.BWD_WARPS, 0, 1, 0, 0, 1, 1, 0])
+    monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(ops, "_index", lambda device: 0)
+    forward, plan = eager.plan(q4096, True)
+    assert forward == "fwd_sm90_persistent_pingpong"
+    assert plan == [1, ops.BWD_WARPS, ops.sm90_dq_splits(q4096), 1, 0, 0, 1, 0, 0] and plan[2] > 0
+    _paths(monkeypatch, "auto", (8, 0))
+    assert eager.plan(q197, False) == ("fwd", [0, ops.BWD_WARPS, 0, 0, 0, 0, 0, 0, 0])
+
+
 @pytest.mark.parametrize("capability, head_dim, seq_len, expected", [
     # Hopper: forward and backward sm90 from N = 128 at d 64/128
     ((9, 0), 64, 4096, ("sm90", "sm90")), ((9, 0), 128, 4096, ("sm90", "sm90")),
@@ -450,34 +467,38 @@ class _Sm90Ext:
     fwd_sm90_short = "short forward"
 
 
+def _picked(q):
+    return getattr(_Sm90Ext, ops.sm90_forward(q))
+
+
 def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     q128, q64 = (torch.empty(1, 1, 4096, d, device="meta") for d in (128, 64))
     assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
-    assert ops.sm90_forward(_Sm90Ext, q128) == "persistent-pingpong forward"  # auto: faster at 128, slower at 64
-    assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"  # three consumers where their tiles are no waste
+    assert _picked(q128) == "persistent-pingpong forward"  # auto: faster at 128, slower at 64
+    assert _picked(q64) == "wide forward"  # three consumers where their tiles are no waste
     for n, d, schedule in ((197, 64, "persistent"), (577, 64, "persistent"), (785, 64, "persistent"), (1025, 64, "wide"),
                            (4097, 64, "wide"), (16384, 64, "wide"), (197, 128, "persistent"), (1024, 128, "persistent"),
                            (1025, 128, "persistent-pingpong")):
-        assert ops.sm90_forward(_Sm90Ext, torch.empty(1, 1, n, d, device="meta")) == f"{schedule} forward", (n, d)
+        assert _picked(torch.empty(1, 1, n, d, device="meta")) == f"{schedule} forward", (n, d)
     monkeypatch.setattr(ops, "FWD_SM90", "pingpong")
-    assert ops.sm90_forward(_Sm90Ext, q64) == "pingpong forward"
+    assert _picked(q64) == "pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "sequential")
-    assert ops.sm90_forward(_Sm90Ext, q128) == "sequential forward"
+    assert _picked(q128) == "sequential forward"
     monkeypatch.setattr(ops, "FWD_SM90", "wide")
-    assert ops.sm90_forward(_Sm90Ext, q64) == "wide forward"
+    assert _picked(q64) == "wide forward"
     with pytest.raises(ValueError, match="wide has kernels for head_dim 64 only.*got 128"):
-        ops.sm90_forward(_Sm90Ext, q128)
+        _picked(q128)
     monkeypatch.setattr(ops, "FWD_SM90", "short")
-    assert ops.sm90_forward(_Sm90Ext, q64) == "short forward"
+    assert _picked(q64) == "short forward"
     with pytest.raises(ValueError, match="short has kernels for head_dim 64 only.*got 128"):
-        ops.sm90_forward(_Sm90Ext, q128)
+        _picked(q128)
     monkeypatch.setattr(ops, "FWD_SM90", "persistent")
-    assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent forward"
+    assert _picked(q64) == _picked(q128) == "persistent forward"
     monkeypatch.setattr(ops, "FWD_SM90", "persistent-pingpong")
-    assert ops.sm90_forward(_Sm90Ext, q64) == ops.sm90_forward(_Sm90Ext, q128) == "persistent-pingpong forward"
+    assert _picked(q64) == _picked(q128) == "persistent-pingpong forward"
     monkeypatch.setattr(ops, "FWD_SM90", "ping-pong")
     with pytest.raises(ValueError, match="VIT_CUDA_FWD_SM90 must be one of"):
-        ops.sm90_forward(_Sm90Ext, q128)
+        _picked(q128)
 
 
 def test_bwd_sm90_options_pick_the_kernel_and_check_head_dim(monkeypatch):
@@ -1114,7 +1135,7 @@ def _grads(q, k, v, do, **options):
 @pytest.mark.gpu
 @pytest.mark.parametrize("B, H, N, head_dim", [(1, 2, 4096, 64), (2, 3, 1025, 128), (64, 12, 197, 64),
                                                 (16, 12, 1025, 128), (1, 1, 17, 32), (4, 2, 577, 80)])
-def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim, monkeypatch):
+def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head_dim):
     """attention.deterministic=true: dq (and dk, dv) bitwise equal over five runs, at shapes with one dq slice per
     (batch, head) (B·H ≥ SMs: CTAs walk several key tiles) and with many (long N, B·H = 2), within the float64 rule;
     the backward auto picks runs it: on Hopper at head_dim 64 and 128 (80 padded), N ≥ 128, the Hopper one."""
@@ -1126,17 +1147,9 @@ def test_deterministic_backward_is_bitwise_repeatable_and_accurate(B, H, N, head
     for _ in range(4):
         assert all(torch.equal(a, b) for a, b in zip(first, _grads(q, k, v, do, deterministic=True))), splits
     check_against_reference(functools.partial(attention, deterministic=True), q, k, v)
-    calls = []
-    real = ops.extension
-
-    class Recorder:
-        def __getattr__(self, name):
-            calls.append(name)
-            return getattr(real(), name)
-
-    monkeypatch.setattr(ops, "extension", Recorder)
-    _grads(q, k, v, do, deterministic=True)
-    assert ("bwd_sm90" if ops.bwd_path(as_seen) == "sm90" else "bwd") in calls, calls
+    from kernels.cuda import eager
+    assert eager.plan(as_seen, True)[1][:3] == [int(ops.bwd_path(as_seen) == "sm90"), ops.BWD_WARPS, splits]
+    assert splits > 0
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ an H200. ``VIT_CUDA_FWD`` and ``VIT_CUDA_BWD`` (auto, sm80, sm90) choose; ``auto
 kernel only where it measured faster (forward and backward at head_dim 64 and 128 and N ≥ 128;
 see :func:`ops.fwd_path` and benchmarks/results/cuda_h200.md); ``VIT_CUDA_FWD_SM90``, ``VIT_CUDA_BWD_DQ`` and
 ``VIT_CUDA_BWD_SM90`` choose among the Hopper kernels' variants (:mod:`.ops`). Eager calls launch the kernels
-through ``torch.autograd.Function``s (:mod:`.eager`), which cost less CPU per call; ``torch.compile`` traces the
+through the extension's C++ autograd node (:mod:`.eager`), which costs less CPU per call; ``torch.compile`` traces the
 ``torch.library`` ops (:mod:`.ops`). Both run the same launchers. Contract: see :mod:`kernels`.
 Limits of this backend:
 
@@ -47,8 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import split_qkv, tracing
-from . import ops
-from .eager import EagerAttention, EagerAttentionQKVPacked
+from . import eager, ops
 
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -138,7 +137,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
     if tracing(q):  # the torch.library op, which compile traces
         out, _ = ops.attn_fwd(q, k, v, scale, deterministic)  # (B, H, N, padded)
     else:  # the same kernels, less CPU per call
-        out = EagerAttention.apply(q, k, v, scale, deterministic)  # (B, H, N, padded)
+        out = eager.attention(q, k, v, scale, deterministic)  # (B, H, N, padded)
     return out[..., :head_dim] if padded != head_dim else out
 
 
@@ -160,7 +159,7 @@ def attention_qkvpacked(qkv: torch.Tensor, softmax_scale: float | None = None, *
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if tracing(qkv):
         return ops.attn_fwd_qkvpacked(qkv, scale, deterministic)[0]  # (B, H, N, d)
-    return EagerAttentionQKVPacked.apply(qkv, (q, k, v), scale, deterministic)  # (B, H, N, d)
+    return eager.attention_qkvpacked(qkv, (q, k, v), scale, deterministic)  # (B, H, N, d)
 
 
 __all__ = ["DTYPES", "HEAD_DIMS", "attention", "attention_qkvpacked", "check_inputs"]

@@ -36,11 +36,11 @@ def has_sm90(arch_list_value: str) -> bool:
 
 
 def sources(arch_list_value: str | None = None) -> list[Path]:
-    """The extension's translation units: host binding, vector add, one file per instantiation, and
+    """The extension's translation units: host binding, the eager autograd node, vector add, one file per instantiation, and
     the Hopper kernels' when ``arch_list_value`` (default :func:`arch_list`) has 9.0a."""
     arch_list_value = arch_list() if arch_list_value is None else arch_list_value
     hopper = sorted(CSRC.glob("*_sm90_hdim*.cu")) if has_sm90(arch_list_value) else []
-    return [CSRC / "api.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")),
+    return [CSRC / "api.cpp", CSRC / "eager.cpp", CSRC / "vector_add.cu", *sorted(CSRC.glob("fwd_hdim*.cu")),
             *sorted(CSRC.glob("bwd_hdim*.cu")), *hopper]
 
 

@@ -1,61 +1,49 @@
-"""The CUDA kernels for eager calls: ``torch.autograd.Function``s that launch the same kernels as the
-``torch.library`` ops in :mod:`.ops`, without the op dispatch.
+"""The CUDA kernels for eager calls: the extension's C++ autograd node (``csrc/eager.cpp``), which launches the same
+kernels as the ``torch.library`` ops in :mod:`.ops`, without the op dispatch or a Python autograd.Function.
 
 The op path's CPU cost per call is what a small batch cannot hide. H200 host, torch 2.11, forward+backward at
-(256, 12, 197, 64): 0.378 ms of CPU through the ops, 0.297 through these Functions, 0.203 for SDPA, in one process;
-cProfile put ``torch/_library/custom_ops.py`` ``backend_impl`` first on the op path
-(benchmarks/results/h200_20261204_d/call1_launch.log). ``torch.compile`` still traces the ops
-(:func:`kernels.tracing`). Results are bitwise the op path's: the same launchers with the same arguments.
+(256, 12, 197, 64): 0.378 ms of CPU through the ops, 0.297 through a Python autograd.Function, 0.203 for SDPA, in one
+process (benchmarks/results/h200_20261204_d/call1_launch.log). ``torch.compile`` still traces the ops
+(:func:`kernels.tracing`). Results are bitwise the op path's: the same entry points with the same arguments.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import ops
 
 
-class EagerAttention(torch.autograd.Function):
-    """``ops.attn_fwd`` and ``ops.attn_bwd``'s kernels. ``apply(q, k, v, softmax_scale, deterministic) -> out``:
-    q, k, v ``(B, H, N, d)`` float16/bfloat16 CUDA tensors as the kernels take them (head_dim 32, 64 or 128, last
-    stride 1); out ``(B, H, N, d)``, laid out as ``(B, N, H, d)``. The backward is that of :func:`ops._backward`."""
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
-        out, lse = ops._fwd(q, k, v, softmax_scale)  # (B, H, N, d), (B, H, N) float32
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
-        return out
-
-    @staticmethod
-    @once_differentiable  # the kernels' gradients are not themselves differentiable: fail, not wrong
-    def backward(ctx, dout: Tensor):
-        q, k, v, out, lse = ctx.saved_tensors
-        splits = ops.backward_splits(q, ctx.deterministic)
-        dq, dk, dv = ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS,
-                                   splits, None)
-        return dq, dk, dv, None, None
+def plan(q: Tensor, deterministic: bool) -> tuple[str, list[int]]:
+    """``(forward, backward plan)`` for ``q`` (B, H, N, d) as the kernels get it (head_dim 32, 64 or 128): the forward
+    entry point's name (:func:`ops.forward_name`) and the backward's nine integers (:func:`ops.backward_plan`, with
+    ``deterministic``'s dq slices, :func:`ops.backward_splits`), picked by the rules the ops follow. Raises as those
+    do (ValueError for an unknown ``VIT_CUDA_*`` setting, RuntimeError for a path this GPU or build lacks)."""
+    return ops.forward_name(q), ops.backward_plan(q, ops.BWD_WARPS, ops.backward_splits(q, deterministic))
 
 
-class EagerAttentionQKVPacked(torch.autograd.Function):
-    """:class:`EagerAttention` on a packed ``(B, N, 3, H, d)`` qkv (``ops.attn_fwd_qkvpacked``'s kernels):
-    ``apply(qkv, views, softmax_scale, deterministic) -> out`` (B, H, N, d), ``views`` the caller's
-    ``split_qkv(qkv)`` (split once, not in each pass); the gradient is one contiguous ``(B, N, 3, H, d)`` tensor."""
+def attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministic: bool) -> Tensor:
+    """out ``(B, H, N, d)`` (laid out as ``(B, N, H, d)``) of q, k, v ``(B, H, N, d)`` float16/bfloat16 CUDA tensors as
+    the kernels take them (head_dim 32, 64 or 128, last stride 1), differentiable once; a second derivative raises
+    RuntimeError when it is taken. With no gradient to record (no_grad, inference, no input requiring one) only the
+    forward runs, and the backward's settings are not read, as on the op path."""
+    if not _records_grad(q, k, v):
+        return _forward_only(q, k, v, softmax_scale)
+    return ops.extension().attention(q, k, v, softmax_scale, *plan(q, deterministic))
 
-    @staticmethod
-    def forward(ctx, qkv: Tensor, views: tuple[Tensor, Tensor, Tensor], softmax_scale: float,
-                deterministic: bool) -> Tensor:
-        out, lse = ops._fwd(*views, softmax_scale)  # (B, H, N, d), (B, H, N) float32
-        ctx.save_for_backward(qkv, *views, out, lse)
-        ctx.softmax_scale, ctx.deterministic = softmax_scale, deterministic
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dout: Tensor):
-        qkv, q, k, v, out, lse = ctx.saved_tensors
-        splits = ops.backward_splits(q, ctx.deterministic)
-        dqkv = torch.empty_like(qkv, memory_format=torch.contiguous_format)  # (B, N, 3, H, d)
-        ops._bwd_into(ops.extension(), dout, q, k, v, out, lse, ctx.softmax_scale, ops.BWD_WARPS, splits, dqkv)
-        return dqkv, None, None, None
+def attention_qkvpacked(qkv: Tensor, views: tuple[Tensor, Tensor, Tensor], softmax_scale: float,
+                        deterministic: bool) -> Tensor:
+    """:func:`attention` on a packed ``(B, N, 3, H, d)`` qkv, ``views`` its ``split_qkv`` (B, H, N, d) views; the
+    gradient is one contiguous ``(B, N, 3, H, d)`` tensor."""
+    if not _records_grad(qkv):
+        return _forward_only(*views, softmax_scale)
+    return ops.extension().attention_qkvpacked(qkv, softmax_scale, *plan(views[0], deterministic))
+
+
+def _records_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _forward_only(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> Tensor:
+    return getattr(ops.extension(), ops.forward_name(q))(q, k, v, softmax_scale)[0]  # (B, H, N, d)

@@ -268,10 +268,15 @@ def attn_fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, deterministi
 
 
 def _fwd(q, k, v, softmax_scale) -> tuple[Tensor, Tensor]:
-    """(out, lse) of the forward :func:`fwd_path` picks."""
-    ext = extension()
-    out, lse = (sm90_forward(ext, q) if fwd_path(q) == "sm90" else ext.fwd)(q, k, v, softmax_scale)
+    """(out, lse) of the forward :func:`forward_name` picks."""
+    out, lse = getattr(extension(), forward_name(q))(q, k, v, softmax_scale)
     return out, lse
+
+
+def forward_name(q: Tensor) -> str:
+    """The extension's forward entry point for ``q`` (as the kernels get it, head_dim padded): ``fwd`` (mma.sync) or
+    :func:`sm90_forward`'s, as :func:`fwd_path` says. Raises as those two do."""
+    return sm90_forward(q) if fwd_path(q) == "sm90" else "fwd"
 
 
 def wide_pays(seq_len: int) -> bool:
@@ -287,8 +292,8 @@ def persistent_pays(seq_len: int, head_dim: int) -> bool:
     return not wide_pays(seq_len) if head_dim == 64 else seq_len <= 1024
 
 
-def sm90_forward(ext, q: Tensor):
-    """The extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
+def sm90_forward(q: Tensor) -> str:
+    """The name of the extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"), ``fwd_sm90_wide``
     ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent";
     "auto" picks it where :func:`persistent_pays`), ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
@@ -300,15 +305,15 @@ def sm90_forward(ext, q: Tensor):
         if q.shape[-1] != 64:
             raise ValueError(f"VIT_CUDA_FWD_SM90={FWD_SM90} has kernels for head_dim 64 only (q as the kernels get it, "
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
-        return ext.fwd_sm90_wide if FWD_SM90 == "wide" else ext.fwd_sm90_short
+        return "fwd_sm90_wide" if FWD_SM90 == "wide" else "fwd_sm90_short"
     auto = FWD_SM90 == "auto"
     if FWD_SM90 == "persistent" or (auto and persistent_pays(q.shape[-2], q.shape[-1])):
-        return ext.fwd_sm90_persistent
+        return "fwd_sm90_persistent"
     if FWD_SM90 == "persistent-pingpong" or (auto and q.shape[-1] == 128):
-        return ext.fwd_sm90_persistent_pingpong
+        return "fwd_sm90_persistent_pingpong"
     if auto:  # head_dim 64 past persistent_pays
-        return ext.fwd_sm90_wide
-    return ext.fwd_sm90_pingpong if FWD_SM90 == "pingpong" else ext.fwd_sm90
+        return "fwd_sm90_wide"
+    return "fwd_sm90_pingpong" if FWD_SM90 == "pingpong" else "fwd_sm90"
 
 
 @attn_fwd.register_fake
@@ -328,11 +333,19 @@ def attn_bwd(
 
 def _bwd_into(ext, dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv):
     """The backward under the path rules; ``dqkv``: None, or a packed gradient to write dq, dk, dv into."""
-    if bwd_path(q) == "sm90":
-        options = sm90_bwd_options(q, deterministic=dq_splits > 0)
-        key_ctas = sm90_key_ctas(q) if BWD_SM90 == "persistent" else 0
-        return ext.bwd_sm90(dout, q, k, v, out, lse, softmax_scale, dqkv, *options, key_ctas, dq_splits)
-    return ext.bwd(dout, q, k, v, out, lse, softmax_scale, bwd_warps, dq_splits, dqkv)
+    return ext.backward(dout, q, k, v, out, lse, softmax_scale, backward_plan(q, bwd_warps, dq_splits), dqkv)
+
+
+def backward_plan(q: Tensor, bwd_warps: int, dq_splits: int) -> list[int]:
+    """The extension's ``backward`` arguments for ``q`` (as the kernels get it) under the path rules, as nine
+    integers: ``[sm90, bwd_warps, dq_splits, dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas]``; sm90 = 1 runs
+    ``bwd_sm90`` with :func:`sm90_bwd_options` and :func:`sm90_key_ctas`, 0 the mma.sync ``bwd``. Raises as
+    :func:`bwd_path` and :func:`sm90_bwd_options` do."""
+    if bwd_path(q) != "sm90":
+        return [0, bwd_warps, dq_splits, 0, 0, 0, 0, 0, 0]
+    options = sm90_bwd_options(q, deterministic=dq_splits > 0)
+    key_ctas = sm90_key_ctas(q) if BWD_SM90 == "persistent" else 0
+    return [1, bwd_warps, dq_splits, *map(int, options), key_ctas]
 
 
 def pingpong_bwd_pays(seq_len: int) -> bool:

@@ -1,4 +1,5 @@
-// Host side: checks the tensors, fills the params structs and dispatches on (dtype, head_dim).
+// Host side: checks the tensors, fills the params structs and dispatches on (dtype, head_dim); the entry points
+// (host.h) and their Python bindings. eager.cpp builds the eager autograd node on them.
 // The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
 // checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include "host.h"
 #include "params.h"
 
 namespace {
@@ -92,6 +94,10 @@ at::Tensor tma_ready(const at::Tensor &t) {
   for (int i = 0; i < 3; ++i) ok = ok && (t.size(i) == 1 || (t.stride(i) > 0 && t.stride(i) % 8 == 0));
   return ok ? t : t.contiguous();
 }
+
+}  // namespace
+
+namespace vitk::host {
 
 // sm90 = true runs the Hopper kernels (fwd_sm90.cuh; schedule: kFwdSequential, kFwdPingpong (its pipelined
 // consumers), kFwdWide (three sequential consumers, head_dim 64) or kFwdShort (sequential, 208-key tiles, head_dim
@@ -335,9 +341,10 @@ at::Tensor vector_add(const at::Tensor &a, const at::Tensor &b) {
   return c;
 }
 
-}  // namespace
+}  // namespace vitk::host
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace vitk::host;
   m.doc() = "Hand-written CUDA C++ FlashAttention-2 (mma.sync), Hopper kernels (wgmma, TMA) and the vector-add example";
   m.def("fwd", &fwd, "attention forward, mma.sync (sm_80+): (q, k, v, softmax_scale) -> [out, lse]");
   m.def("fwd_sm90", &fwd_sm90, "attention forward, wgmma + TMA (sm_90a): (q, k, v, softmax_scale) -> [out, lse]");
@@ -374,4 +381,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(batch, head) walks key tiles j, j + dq_splits, ... into dq slice j; dq_rows at head_dim 64, dq_cols at "
         "128, with dq_tma, sequential)");
   m.def("vector_add", &vector_add, "c = a + b, float32");
+  vitk::eager::bind(m);
 }
