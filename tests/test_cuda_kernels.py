@@ -409,7 +409,7 @@ def test_eager_plan_is_the_ops_choice(monkeypatch):
     from kernels.cuda import eager
     _paths(monkeypatch, "auto", (9, 0))
     q197, q4096 = torch.empty(256, 12, 197, 64, device="meta"), torch.empty(8, 16, 4096, 128, device="meta")
-    assert eager.plan(q197, False) == ("fwd_sm90_persistent", [1, ops.BWD_WARPS, 0, 0, 0, 1, 1, 0, 0])
+    assert eager.plan(q197, False) == ("fwd_sm90_short", [1, ops.BWD_WARPS, 0, 0, 0, 1, 1, 0, 0])
     assert eager.plan(q4096, False) == ("fwd_sm90_persistent_pingpong", [1, ops.BWD_WARPS, 0, 1, 0, 0, 1, 1, 0])
     monkeypatch.setattr(ops, "_sm_count", lambda index: 132)
     monkeypatch.setattr(ops, "_index", lambda device: 0)
@@ -476,7 +476,7 @@ def test_fwd_sm90_schedule_picks_the_kernel(monkeypatch):
     assert ops.FWD_SM90 == "auto" or "VIT_CUDA_FWD_SM90" in os.environ
     assert _picked(q128) == "persistent-pingpong forward"  # auto: faster at 128, slower at 64
     assert _picked(q64) == "wide forward"  # three consumers where their tiles are no waste
-    for n, d, schedule in ((197, 64, "persistent"), (577, 64, "persistent"), (785, 64, "persistent"), (1025, 64, "wide"),
+    for n, d, schedule in ((197, 64, "short"), (577, 64, "short"), (785, 64, "short"), (1025, 64, "wide"),
                            (4097, 64, "wide"), (16384, 64, "wide"), (197, 128, "persistent"), (1024, 128, "persistent"),
                            (1025, 128, "persistent-pingpong")):
         assert _picked(torch.empty(1, 1, n, d, device="meta")) == f"{schedule} forward", (n, d)
@@ -1065,7 +1065,7 @@ def test_auto_runs_the_sm90_kernels_on_hopper():
 def test_auto_defaults_against_float64(seq_len, head_dim):
     """The kernels the default rules pick, unforced, against float64 around the N = 128 threshold and where ViTs run:
     on Hopper the persistent forward (the persistent ping-pong one past N = 1024) with the pingpong backward
-    (columns-tma) at head_dim 80/128, the persistent forward (the wide one at N = 1025) with the rows-tma backward at 64
+    (columns-tma) at head_dim 80/128, the short forward (the wide one at N = 1025) with the rows-tma backward at 64
     (its ping-pong consumers from N = 512), mma.sync below N = 128."""
     settings = ("VIT_CUDA_FWD", "VIT_CUDA_BWD", "VIT_CUDA_BWD_DQ", "VIT_CUDA_FWD_SM90", "VIT_CUDA_BWD_SM90")
     if any(name in os.environ for name in settings):

@@ -1,10 +1,12 @@
 """The CUDA kernels for eager calls: the extension's C++ autograd node (``csrc/eager.cpp``), which launches the same
 kernels as the ``torch.library`` ops in :mod:`.ops`, without the op dispatch or a Python autograd.Function.
 
-The op path's CPU cost per call is what a small batch cannot hide. H200 host, torch 2.11, forward+backward at
-(256, 12, 197, 64): 0.378 ms of CPU through the ops, 0.297 through a Python autograd.Function, 0.203 for SDPA, in one
-process (benchmarks/results/h200_20261204_d/call1_launch.log). ``torch.compile`` still traces the ops
-(:func:`kernels.tracing`). Results are bitwise the op path's: the same entry points with the same arguments.
+The op path's CPU cost per call is what a small batch cannot hide. Forward+backward at (256, 12, 197, 64), torch 2.11,
+one process each: H200 host, 0.378 ms of CPU through the ops, 0.297 through the Python autograd.Function this node
+replaced, 0.203 for SDPA (benchmarks/results/h200_20261204_d/call1_launch.log); H100 host, 0.368 through the ops,
+0.159 through this node (packed 0.169), 0.192 for SDPA (benchmarks/results/h100_20261207f/call1_overhead_new.log).
+``torch.compile`` still traces the ops (:func:`kernels.tracing`). Results are bitwise the op path's: the same entry
+points with the same arguments (tests/test_cuda_eager.py).
 """
 from __future__ import annotations
 

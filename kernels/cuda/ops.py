@@ -103,7 +103,7 @@ BWD_SM90_MODES = ("auto", "sequential", "overlap", "pingpong", "persistent")
 FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # "persistent": sequential with one CTA an SM looping over the Q tiles, as cuDNN's Hopper kernels run; auto picks it
 # where the others' CTAs are few a head (:func:`persistent_pays`: N <= 1024 at head_dim 128; at 64 where wide does not
-# pay). H100, bf16, forward ms, persistent vs sequential / pingpong / wide, batch so that B·N is about 50k
+# pay, as "short" below). H100, bf16, forward ms, persistent vs sequential / pingpong / wide, batch so that B·N is about 50k
 # (benchmarks/results/h100_20261207b/call3_sweep.log): d=64 (256, 12, 197) 0.196 vs 0.241 / 0.239 / 0.279, (128, 12,
 # 401) 0.294 vs 0.333 / 0.354 / 0.321, (64, 12, 577) 0.221 vs 0.244 / 0.262 / 0.252, (32, 12, 785) 0.204 vs 0.218 /
 # 0.238 / 0.205, but (8, 12, 4096) 0.964 vs wide 0.865; d=128 (256, 12, 197) 0.292 vs 0.344 / 0.333, (64, 12, 577)
@@ -116,8 +116,11 @@ FWD_SM90 = os.environ.get("VIT_CUDA_FWD_SM90", "auto")
 # (256, 12, 197, 128) 0.285 / 0.285 / 0.287 vs persistent 0.282 / 0.292 / 0.293, where auto keeps persistent. Slower at
 # head_dim 64: 0.955-1.006 vs wide 0.829-0.860 at (8, 12, 4096, 64).
 # "short" (head_dim 64): the persistent sequential forward with 208-key tiles, so that N <= 208 (ViT at 224 px: 197)
-# is one key tile, not 128 + 69 keys: 19 % fewer S and P·V products at N = 197 and one softmax pass. Opt-in: not yet
-# measured on a GPU, so auto does not pick it.
+# is one key tile, not 128 + 69 keys: 19 % fewer S and P·V products at N = 197 and one softmax pass. auto picks it where
+# the persistent forward pays at head_dim 64 (N = 197 to 785). H100, bf16, forward ms, short vs persistent, four runs
+# (two of them with tails.patch, which does not change either; benchmarks/results/h100_20261207f/call1_bench_*.log):
+# (256, 12, 197) 0.184 / 0.184 / 0.179 / 0.178 vs 0.193 / 0.193 / 0.188 / 0.189, (64, 12, 577) 0.224 / 0.221 / 0.223 /
+# 0.225 vs 0.229 / 0.225 / 0.238 / 0.240; N = 401 and 785 not measured.
 FWD_SM90_MODES = ("auto", "sequential", "pingpong", "wide", "persistent", "persistent-pingpong", "short")
 
 
@@ -287,8 +290,9 @@ def wide_pays(seq_len: int) -> bool:
 
 
 def persistent_pays(seq_len: int, head_dim: int) -> bool:
-    """Whether auto runs the persistent forward: at head_dim 64 where :func:`wide_pays` is false (N = 197, 401, 577,
-    785), at 128 up to N = 1024 (8 Q tiles of 128 rows a head), where it measured faster (the comment at FWD_SM90)."""
+    """Whether auto runs a persistent forward: at head_dim 64 (the short one, 208-key tiles) where :func:`wide_pays` is
+    false (N = 197, 401, 577, 785), at 128 up to N = 1024 (8 Q tiles of 128 rows a head), where each measured faster
+    (the comments at FWD_SM90)."""
     return not wide_pays(seq_len) if head_dim == 64 else seq_len <= 1024
 
 
@@ -296,8 +300,9 @@ def sm90_forward(q: Tensor) -> str:
     """The name of the extension's Hopper forward for ``q`` (as the kernels get it, head_dim padded) under ``FWD_SM90`` (env
     ``VIT_CUDA_FWD_SM90``): ``fwd_sm90`` ("sequential"), ``fwd_sm90_pingpong`` ("pingpong"), ``fwd_sm90_wide``
     ("wide", head_dim 64; "auto" picks it at 64 where :func:`wide_pays`), ``fwd_sm90_persistent`` ("persistent";
-    "auto" picks it where :func:`persistent_pays`), ``fwd_sm90_persistent_pingpong`` ("persistent-pingpong"; "auto"
-    picks it at head_dim 128 past N = 1024) or ``fwd_sm90_short`` ("short", head_dim 64: persistent, 208-key tiles).
+    "auto" picks it where :func:`persistent_pays` at head_dim 128), ``fwd_sm90_persistent_pingpong``
+    ("persistent-pingpong"; "auto" picks it at head_dim 128 past N = 1024) or ``fwd_sm90_short`` ("short", head_dim 64:
+    persistent, 208-key tiles; "auto" picks it where :func:`persistent_pays` at head_dim 64).
     Raises ValueError for another value, or "wide" or "short" at another head_dim."""
     if FWD_SM90 not in FWD_SM90_MODES:
         raise ValueError(f"VIT_CUDA_FWD_SM90 must be one of {FWD_SM90_MODES}, got {FWD_SM90!r}")
@@ -307,7 +312,9 @@ def sm90_forward(q: Tensor) -> str:
                              f"head_dim padded), got {q.shape[-1]}: unset it or use sequential / pingpong")
         return "fwd_sm90_wide" if FWD_SM90 == "wide" else "fwd_sm90_short"
     auto = FWD_SM90 == "auto"
-    if FWD_SM90 == "persistent" or (auto and persistent_pays(q.shape[-2], q.shape[-1])):
+    if auto and persistent_pays(q.shape[-2], q.shape[-1]):
+        return "fwd_sm90_short" if q.shape[-1] == 64 else "fwd_sm90_persistent"
+    if FWD_SM90 == "persistent":
         return "fwd_sm90_persistent"
     if FWD_SM90 == "persistent-pingpong" or (auto and q.shape[-1] == 128):
         return "fwd_sm90_persistent_pingpong"

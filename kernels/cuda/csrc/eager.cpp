@@ -3,7 +3,9 @@
 // Why: at ViT sizes one call's GPU work is about what its CPU work costs, so at batch 16 the GPU waits for the host.
 // The Python torch.autograd.Function that launched these kernels cost 0.297 ms of CPU per forward+backward at
 // (256, 12, 197, 64) against SDPA's 0.203 on the H200's host (benchmarks/results/h200_20261204_d/call1_launch.log);
-// the flash backend's C++ node (kernels/flash/csrc/eager.cpp) took its own path from 0.404 to 0.183 ms.
+// the flash backend's C++ node (kernels/flash/csrc/eager.cpp) took its own path from 0.404 to 0.183 ms. This node, on
+// an H100's host in one process (benchmarks/results/h100_20261207f/call1_overhead_new.log, median of 5 rounds): 0.157-
+// 0.187 ms (packed 0.150-0.172) at (256, 6 or 12, 197, 64) against SDPA's 0.168-0.192, the op path 0.30-0.37.
 //
 // What: Python (kernels/cuda/eager.py) picks the forward's entry point and the backward's arguments, the plan, once
 // per call from kernels/cuda/ops.py's rules, the ones the torch.library ops (torch.compile's path) follow; the node

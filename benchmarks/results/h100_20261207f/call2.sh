@@ -1,0 +1,2 @@
+# Call 2 (the command as run, on the machine call 1 left warm): ViT-B/16 224 px batch 16, eager, timm and ours.
+source .device/common.sh; BUDGET=280; phase build 100 python3 -u -c "from kernels.cuda import build; build.extension()"; phase b16 170 python3 -m benchmarks.train --rounds 2 --steps 20 --out $OUT --models vit_base_patch16_224 --batch-size 16 --eager timm sdpa flash cuda --compiled --max-minutes 2.6 --name b16; finish; grep "^| vit" $OUT/b16.md | cut -d'|' -f2-9
