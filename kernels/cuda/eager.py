@@ -48,4 +48,4 @@ def _records_grad(*tensors: Tensor) -> bool:
 
 
 def _forward_only(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float) -> Tensor:
-    return getattr(ops.extension(), ops.forward_name(q))(q, k, v, softmax_scale)[0]  # (B, H, N, d)
+    return ops._fwd(q, k, v, softmax_scale)[0]  # (B, H, N, d)

@@ -48,15 +48,6 @@ void check_plan(const std::vector<int64_t> &plan) {
                     "dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas}, got " + std::to_string(plan.size()));
 }
 
-// q, k, v (B, H, N, d) views of a packed (B, N, 3, H, d) qkv, as kernels.split_qkv makes them (same strides).
-std::array<at::Tensor, 3> split_qkv(const at::Tensor &qkv) {
-  const std::vector<int64_t> size = {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(4)};
-  const std::vector<int64_t> stride = {qkv.stride(0), qkv.stride(3), qkv.stride(1), qkv.stride(4)};
-  const int64_t at = qkv.storage_offset(), step = qkv.stride(2);
-  return {qkv.as_strided(size, stride, at), qkv.as_strided(size, stride, at + step),
-          qkv.as_strided(size, stride, at + 2 * step)};
-}
-
 // The gradients as torch.autograd.function.once_differentiable leaves them: where a graph of them is being recorded
 // (create_graph=True) and dout is part of it, detached aliases behind a DelayedError node, so that the first
 // derivative is returned and a second one raises when it is taken.
@@ -109,7 +100,7 @@ struct Attention : public torch::autograd::Function<Attention> {
 struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked> {
   static at::Tensor forward(AutogradContext *ctx, at::Tensor qkv, double softmax_scale, const std::string &forward,
                             std::vector<int64_t> plan) {
-    auto [q, k, v] = split_qkv(qkv);
+    auto [q, k, v] = host::packed_views(qkv);
     auto out_lse = forward_named(forward)(q, k, v, softmax_scale);  // out (B, H, N, d), lse (B, H, N) float32
     ctx->save_for_backward({qkv, out_lse[0], out_lse[1]});
     ctx->saved_data["softmax_scale"] = softmax_scale;
@@ -122,7 +113,7 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
     {
       torch::NoGradGuard no_grad;
       auto s = ctx->get_saved_variables();  // qkv, out, lse
-      auto [q, k, v] = split_qkv(s[0]);
+      auto [q, k, v] = host::packed_views(s[0]);
       dqkv = at::empty(s[0].sizes(), s[0].options().memory_format(at::MemoryFormat::Contiguous));  // (B, N, 3, H, d)
       Attention::backward_impl(grads[0], q, k, v, s[1], s[2], ctx->saved_data["softmax_scale"].toDouble(),
                                ctx->saved_data["plan"].toIntVector(), dqkv);
