@@ -15,7 +15,7 @@
 #include <array>
 #include <string>
 
-#include <torch/csrc/autograd/functions/basic_ops.h>
+#include "once_differentiable.h"
 
 #include "host.h"
 
@@ -48,21 +48,6 @@ void check_plan(const std::vector<int64_t> &plan) {
                     "dq_cols, dq_sum, dq_rows, dq_tma, overlap, key_ctas}, got " + std::to_string(plan.size()));
 }
 
-// The gradients as torch.autograd.function.once_differentiable leaves them: where a graph of them is being recorded
-// (create_graph=True) and dout is part of it, detached aliases behind a DelayedError node, so that the first
-// derivative is returned and a second one raises when it is taken.
-variable_list once_differentiable(variable_list grads, const at::Tensor &dout) {
-  if (!torch::autograd::GradMode::is_enabled() || !dout.requires_grad()) return grads;
-  for (auto &g : grads) {
-    if (g.defined()) g = g.detach().requires_grad_(true);
-  }
-  auto error = std::make_shared<torch::autograd::DelayedError>(
-      "attention=cuda: trying to differentiate twice: the second derivative (create_graph=True through the gradient) "
-      "is not implemented; use attention=sdpa or attention=naive for double backward",
-      static_cast<int64_t>(grads.size()));
-  return (*error)(std::move(grads));
-}
-
 struct Attention : public torch::autograd::Function<Attention> {
   static at::Tensor forward(AutogradContext *ctx, at::Tensor q, at::Tensor k, at::Tensor v, double softmax_scale,
                             const std::string &forward, std::vector<int64_t> plan) {
@@ -81,7 +66,7 @@ struct Attention : public torch::autograd::Function<Attention> {
       g = backward_impl(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["softmax_scale"].toDouble(),
                         ctx->saved_data["plan"].toIntVector(), std::nullopt);
     }
-    auto d = once_differentiable({g[0], g[1], g[2]}, grads[0]);
+    auto d = vitk::once_differentiable({g[0], g[1], g[2]}, grads[0], "cuda");
     return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 
@@ -118,7 +103,7 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
       Attention::backward_impl(grads[0], q, k, v, s[1], s[2], ctx->saved_data["softmax_scale"].toDouble(),
                                ctx->saved_data["plan"].toIntVector(), dqkv);
     }
-    return {once_differentiable({dqkv}, grads[0])[0], at::Tensor(), at::Tensor(), at::Tensor()};
+    return {vitk::once_differentiable({dqkv}, grads[0], "cuda")[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

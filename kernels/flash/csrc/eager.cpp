@@ -19,7 +19,7 @@
 // the torch.library ops (torch.compile's path) use; the GPU tests compare the two paths bitwise.
 // No CUDA headers are needed: the few driver types are declared here and libcuda is opened at the
 // first launch, so the file builds with a plain C++ compiler on any machine with torch.
-#include <torch/csrc/autograd/functions/basic_ops.h>
+#include "once_differentiable.h"
 #include <torch/extension.h>
 
 #include <dlfcn.h>
@@ -228,21 +228,6 @@ at::Tensor residual_for(const at::Tensor& q, bool keep_res) {
   return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);  // as out
 }
 
-// The gradients as torch.autograd.function.once_differentiable leaves them (the Python path's): where a graph of
-// them is being recorded (create_graph=True) and dout is part of it, detached aliases behind a DelayedError node,
-// so that the first derivative is returned and a second one raises when it is taken, not before.
-variable_list once_differentiable(variable_list grads, const at::Tensor& dout) {
-  if (!torch::autograd::GradMode::is_enabled() || !dout.requires_grad()) return grads;
-  for (auto& g : grads) {
-    if (g.defined()) g = g.detach().requires_grad_(true);
-  }
-  auto error = std::make_shared<torch::autograd::DelayedError>(
-      "flash attention: trying to differentiate twice: the second derivative (create_graph=True through the "
-      "gradient) is not implemented; use attention=sdpa or attention=naive for double backward",
-      static_cast<int64_t>(grads.size()));
-  return (*error)(std::move(grads));
-}
-
 std::array<at::Tensor, 3> split_qkv(const at::Tensor& qkv) {  // (B, N, 3, H, d) -> 3 × (B, H, N, d) views
   auto t = qkv.permute({2, 0, 3, 1, 4});
   return {t.select(0, 0), t.select(0, 1), t.select(0, 2)};
@@ -267,7 +252,7 @@ struct Attention : public torch::autograd::Function<Attention> {
     auto dk = at::empty(s[1].sizes(), s[1].options());
     auto dv = at::empty(s[2].sizes(), s[2].options());
     backward_kernels(grads[0], s[0], s[1], s[2], s[3], s[4], s[5], ctx->saved_data["scale"].toDouble(), dq, dk, dv);
-    auto d = once_differentiable({dq, dk, dv}, grads[0]);
+    auto d = vitk::once_differentiable({dq, dk, dv}, grads[0], "flash");
     return {d[0], d[1], d[2], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -288,7 +273,7 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
     auto [q, k, v] = split_qkv(s[0]);
     auto [dq, dk, dv] = split_qkv(dqkv);
     backward_kernels(grads[0], q, k, v, s[1], s[2], s[3], ctx->saved_data["scale"].toDouble(), dq, dk, dv);
-    return {once_differentiable({dqkv}, grads[0])[0], at::Tensor(), at::Tensor(), at::Tensor()};
+    return {vitk::once_differentiable({dqkv}, grads[0], "flash")[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
