@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_package_data_holds_every_extension_source():
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib is Python 3.11+, the project supports 3.10)
     section = text.split("[tool.setuptools.package-data]", 1)[1]
-    globs = ast.literal_eval(re.search(r"^kernels = (\[.*?\])$", section, re.MULTILINE).group(1))
+    line = re.search(r"^kernels = (\[.*?\])$", section, re.MULTILINE)
+    assert line, "pyproject's [tool.setuptools.package-data] needs its kernels list on one line: kernels = [...]"
+    globs = ast.literal_eval(line.group(1))
     sources = [p.relative_to(ROOT / "kernels").as_posix() for p in (ROOT / "kernels").rglob("*")
                if p.is_file() and "csrc" in p.relative_to(ROOT / "kernels").parts and "__pycache__" not in p.parts]
     assert len(sources) > 20, sources  # api.cpp, eager.cpp, the kernels' headers and instantiations, the shared header
