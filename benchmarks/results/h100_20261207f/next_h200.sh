@@ -4,6 +4,7 @@
 #   a: cuda_bench (cuda-auto, short, persistent, both peers, 2 rounds), flash_bench, launch_overhead --profile,
 #      ViT-B/16 224 px batch 16, eager and compiled (timm, sdpa, flash, cuda).
 #   b: 224 px batch 256 and 1024 px batch 8, eager and compiled (timm, flash, cuda).
+#   c: 1024 px batch 8 alone (for a call with little device time left).
 # Setup: this file and benchmarks/results/h200_20261203/common.sh in .device/, `git rev-parse --short HEAD >
 # .device/COMMIT`, carry [".whl", ".device"]; `bash .device/next_h200.sh a`, then `b`.
 source .device/common.sh
@@ -21,6 +22,8 @@ if [ "$1" = a ]; then
   phase flash 130 python3 -u benchmarks/flash_bench.py
   phase overhead 90 python3 -u -m benchmarks.launch_overhead --rounds 3 --profile
   phase b16 150 $T --models vit_base_patch16_224 --batch-size 16 --eager timm sdpa flash cuda --compiled timm flash cuda --max-minutes 2.4 --name b16
+elif [ "$1" = c ]; then
+  phase t1024 250 $T --models vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --max-minutes 4.1 --name t1024
 else
   phase t224 220 $T --models vit_base_patch16_224 --batch-size 256 --eager timm flash cuda --compiled timm flash cuda --max-minutes 3.6 --name t224
   phase t1024 250 $T --models vit_base_patch16_1024 --eager timm flash cuda --compiled timm flash cuda --max-minutes 4.1 --name t1024
