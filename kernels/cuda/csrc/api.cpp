@@ -3,7 +3,6 @@
 // The Python wrapper (kernels/cuda/__init__.py) validates first with friendlier messages; these
 // checks guard the raw ops (TORCH_CHECK_TYPE -> TypeError, TORCH_CHECK_VALUE -> ValueError).
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -209,17 +208,8 @@ std::vector<at::Tensor> grad_outputs(const at::Tensor &q, const std::optional<at
   TORCH_CHECK_VALUE(g.is_contiguous() && g.device() == q.device(), "dqkv must be contiguous and on q's device");
   TORCH_CHECK_TYPE(g.scalar_type() == q.scalar_type(),
                    msg("dqkv dtype ", g.scalar_type(), " != q dtype ", q.scalar_type()));
-  auto views = packed_views(g);
+  auto views = vitk::packed_views(g);
   return {views[0], views[1], views[2]};
-}
-
-std::array<at::Tensor, 3> packed_views(const at::Tensor &qkv) {
-  // qkv[:, :, i].transpose(1, 2) as one as_strided each (a permute and an unbind cost about 20 us of CPU more)
-  const std::vector<int64_t> size = {qkv.size(0), qkv.size(3), qkv.size(1), qkv.size(4)};
-  const std::vector<int64_t> stride = {qkv.stride(0), qkv.stride(3), qkv.stride(1), qkv.stride(4)};
-  const int64_t at = qkv.storage_offset(), step = qkv.stride(2);
-  return {qkv.as_strided(size, stride, at), qkv.as_strided(size, stride, at + step),
-          qkv.as_strided(size, stride, at + 2 * step)};
 }
 
 // sm90 = true runs the Hopper dK/dV/dQ kernel (bwd_sm90.cuh; bwd_warps unused), else bwd.cuh's;

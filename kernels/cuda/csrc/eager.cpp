@@ -85,7 +85,7 @@ struct Attention : public torch::autograd::Function<Attention> {
 struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked> {
   static at::Tensor forward(AutogradContext *ctx, at::Tensor qkv, double softmax_scale, const std::string &forward,
                             std::vector<int64_t> plan) {
-    auto [q, k, v] = host::packed_views(qkv);
+    auto [q, k, v] = vitk::packed_views(qkv);
     auto out_lse = forward_named(forward)(q, k, v, softmax_scale);  // out (B, H, N, d), lse (B, H, N) float32
     ctx->save_for_backward({qkv, out_lse[0], out_lse[1]});
     ctx->saved_data["softmax_scale"] = softmax_scale;
@@ -98,7 +98,7 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
     {
       torch::NoGradGuard no_grad;
       auto s = ctx->get_saved_variables();  // qkv, out, lse
-      auto [q, k, v] = host::packed_views(s[0]);
+      auto [q, k, v] = vitk::packed_views(s[0]);
       dqkv = at::empty(s[0].sizes(), s[0].options().memory_format(at::MemoryFormat::Contiguous));  // (B, N, 3, H, d)
       Attention::backward_impl(grads[0], q, k, v, s[1], s[2], ctx->saved_data["softmax_scale"].toDouble(),
                                ctx->saved_data["plan"].toIntVector(), dqkv);

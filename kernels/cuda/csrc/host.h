@@ -4,11 +4,12 @@
 // say what each variant runs; every one checks its arguments and raises ValueError or TypeError.
 #pragma once
 
-#include <array>
 #include <optional>
 #include <vector>
 
 #include <torch/extension.h>
+
+#include "packed_views.h"
 
 namespace vitk::host {
 
@@ -29,10 +30,6 @@ std::vector<at::Tensor> bwd_sm90(at::Tensor dout, at::Tensor q, at::Tensor k, at
                                  at::Tensor lse, double softmax_scale, std::optional<at::Tensor> dqkv, bool dq_cols,
                                  bool dq_sum, bool dq_rows, bool dq_tma, bool overlap, int64_t key_ctas,
                                  int64_t dq_splits);
-
-// q, k, v (B, H, N, d) views of a packed (B, N, 3, H, d) tensor, as kernels.split_qkv makes them (same strides and
-// storage offsets), without its permute and unbind.
-std::array<at::Tensor, 3> packed_views(const at::Tensor &qkv);
 
 }  // namespace vitk::host
 

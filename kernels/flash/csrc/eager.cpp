@@ -20,6 +20,7 @@
 // No CUDA headers are needed: the few driver types are declared here and libcuda is opened at the
 // first launch, so the file builds with a plain C++ compiler on any machine with torch.
 #include "once_differentiable.h"
+#include "packed_views.h"
 #include <torch/extension.h>
 
 #include <dlfcn.h>
@@ -228,11 +229,6 @@ at::Tensor residual_for(const at::Tensor& q, bool keep_res) {
   return at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);  // as out
 }
 
-std::array<at::Tensor, 3> split_qkv(const at::Tensor& qkv) {  // (B, N, 3, H, d) -> 3 × (B, H, N, d) views
-  auto t = qkv.permute({2, 0, 3, 1, 4});
-  return {t.select(0, 0), t.select(0, 1), t.select(0, 2)};
-}
-
 // ---------------------------------------------------------------------------------------------
 // Autograd: saves q, k, v (or qkv), out, lse (and res) only, as the op path does
 // ---------------------------------------------------------------------------------------------
@@ -259,7 +255,7 @@ struct Attention : public torch::autograd::Function<Attention> {
 
 struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor qkv, double scale, bool fp32_delta, bool keep_res) {
-    auto [q, k, v] = split_qkv(qkv);
+    auto [q, k, v] = vitk::packed_views(qkv);
     auto res = residual_for(q, keep_res);
     auto [out, lse] = forward_kernels(q, k, v, scale, fp32_delta, res);
     ctx->save_for_backward({qkv, out, lse, res});
@@ -270,8 +266,8 @@ struct AttentionQKVPacked : public torch::autograd::Function<AttentionQKVPacked>
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto s = ctx->get_saved_variables();  // qkv, out, lse, res
     auto dqkv = at::empty(s[0].sizes(), s[0].options());  // (B, N, 3, H, d): the three gradients in place
-    auto [q, k, v] = split_qkv(s[0]);
-    auto [dq, dk, dv] = split_qkv(dqkv);
+    auto [q, k, v] = vitk::packed_views(s[0]);
+    auto [dq, dk, dv] = vitk::packed_views(dqkv);
     backward_kernels(grads[0], q, k, v, s[1], s[2], s[3], ctx->saved_data["scale"].toDouble(), dq, dk, dv);
     return {vitk::once_differentiable({dqkv}, grads[0], "flash")[0], at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -303,8 +299,8 @@ at::Tensor bwd_qkvpacked_op(const at::Tensor& dout, const at::Tensor& qkv, const
                             const std::optional<at::Tensor>& res, double softmax_scale) {
   c10::DeviceGuard guard(qkv.device());
   auto dqkv = at::empty(qkv.sizes(), qkv.options());  // (B, N, 3, H, d)
-  auto [q, k, v] = split_qkv(qkv);
-  auto [dq, dk, dv] = split_qkv(dqkv);
+  auto [q, k, v] = vitk::packed_views(qkv);
+  auto [dq, dk, dv] = vitk::packed_views(dqkv);
   backward_kernels(dout, q, k, v, out, lse, res.value_or(at::Tensor()), softmax_scale, dq, dk, dv);
   return dqkv;
 }
