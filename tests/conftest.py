@@ -80,6 +80,13 @@ def max_err(a, b):
     return (a.double() - b.double()).abs().max().item()
 
 
+def error_floor(ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """The error rule's floor (module docstring) for a result stored in ``dtype`` against the float64 ``ref``: the
+    dtype's constant, ACCUM_ROUNDING float32 epsilons and half a unit in the last place of max|ref|."""
+    return ERROR_FLOOR[dtype] + ref.abs().max().item() * (
+        ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(dtype).eps)
+
+
 def check_against_reference(fn, q, k, v, softmax_scale=None, baseline=None, bound_factor=1.0):
     """Compare ``fn``'s forward and dq, dk, dv with float64; bound = 2× ``baseline``'s error + floor, times
     ``bound_factor`` (1 but for draws a test names as sitting at the bound).
@@ -99,8 +106,7 @@ def check_against_reference(fn, q, k, v, softmax_scale=None, baseline=None, boun
     report = {}
     for name, r, g, b in zip(("out", "dq", "dk", "dv"), refs, got, base):
         assert torch.isfinite(g).all(), f"{name}: non-finite values"
-        floor = ERROR_FLOOR[q.dtype] + r.abs().max().item() * (
-            ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(q.dtype).eps)
+        floor = error_floor(r, q.dtype)
         err, base_err = max_err(g, r), max_err(b, r)
         report[name] = (err, base_err)
         assert err <= bound_factor * (2 * base_err + floor), (

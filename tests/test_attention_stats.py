@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import ACCUM_ROUNDING, ERROR_FLOOR, HAS_CUDA, make_qkv, max_err
+from conftest import HAS_CUDA, error_floor, make_qkv, max_err
 
 from kernels.naive import attention_stats as naive_stats
 from kernels.naive import patch_distances
@@ -36,8 +36,7 @@ def check_stats(q, k, v, grid, patch_size, prefix):
     for name, g, b, r in zip(NAMES, got, base, ref):
         assert g.shape == r.shape and torch.isfinite(g).all(), f"{name}: shape {tuple(g.shape)} or non-finite values"
         dtype = q.dtype if name == "out" else torch.float32
-        floor = ERROR_FLOOR[dtype] + r.abs().max().item() * (
-            ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(dtype).eps)
+        floor = error_floor(r, dtype)
         err, base_err = max_err(g, r), max_err(b, r)
         report[name] = (err, base_err)
         assert err <= 2 * base_err + floor, (f"{name}: error {err:.3e} > 2 × naive's {base_err:.3e} + {floor:.1e} "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import check_against_reference, is_hopper, make_qkv, max_err, pack_qkv, reference_attention
+from conftest import check_against_reference, error_floor, is_hopper, make_qkv, max_err, pack_qkv, reference_attention
 
 from kernels import cuda, get_attention, split_qkv
 from kernels.cuda import attention, build, check_inputs, ops
@@ -1085,7 +1085,9 @@ def test_custom_softmax_scale():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_strided_qkv_from_fused_projection(dtype, fwd_path):
     """q, k, v as strided views of one (B, N, 3, H, d) tensor, as the ViT's fused qkv Linear makes them;
-    gradients flow back into that tensor. Bound: 2× the naive backend's error on the same views."""
+    gradients flow back into that tensor. Bound: the error rule's (conftest), 2× the naive backend's error on the same
+    views plus the floor; with a fixed 1e-4 floor instead, dqkv failed 2 of 8 fresh draws on an H100 (2.1× and 2.7×
+    naive's, benchmarks/results/h100_20261208/call6_strided_repeat.log)."""
     B, N, H, d = 2, 197, 4, 64
     qkv = torch.randn(B, N, 3, H, d, device="cuda").to(dtype).requires_grad_()
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views, row stride 3*H*d
@@ -1100,8 +1102,8 @@ def test_strided_qkv_from_fused_projection(dtype, fwd_path):
         out = fn(q, k, v)
         out.backward(do.to(dtype))
         errs[name] = (max_err(out, ref), max_err(qkv.grad, ref_grad))
-    for i, what in enumerate(("out", "dqkv")):
-        assert errs["cuda"][i] <= 2 * errs["naive"][i] + 1e-4, (what, errs)
+    for i, (what, ref_i) in enumerate((("out", ref), ("dqkv", ref_grad))):
+        assert errs["cuda"][i] <= 2 * errs["naive"][i] + error_floor(ref_i, dtype), (what, errs)
 
 
 @pytest.mark.gpu
@@ -1114,7 +1116,7 @@ def test_non_unit_last_stride_and_misaligned_rows(fwd_path):
     out = attention(qt, kw, v)
     ref, _ = reference_attention(q, k, v)
     naive_err = max_err(get_attention("naive")(q, k, v), ref)
-    assert max_err(out, ref) <= 2 * naive_err + 1e-4
+    assert max_err(out, ref) <= 2 * naive_err + error_floor(ref, torch.bfloat16)
 
 
 @pytest.mark.gpu

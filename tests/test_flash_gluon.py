@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ACCUM_ROUNDING, ERROR_FLOOR, is_hopper, make_qkv, max_err
+from conftest import error_floor, is_hopper, make_qkv, max_err
 
 ROOT = Path(__file__).parents[1]
 
@@ -54,8 +54,7 @@ def _check_forward(q, k, v, fwd=None):
     ref_lse = torch.logsumexp(q.double() @ k.double().transpose(-2, -1) * scale, dim=-1)
     out, lse = (fwd or gluon_fwd.fwd)(q, k, v, scale)
     assert torch.isfinite(out).all()
-    floor = ERROR_FLOOR[q.dtype] + ref_out.abs().max().item() * (
-        ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(q.dtype).eps)
+    floor = error_floor(ref_out, q.dtype)
     err, base_err = max_err(out, ref_out), max_err(naive(q, k, v, softmax_scale=scale), ref_out)
     assert err <= 2 * base_err + floor, (err, base_err, floor, tuple(q.shape), q.dtype)
     assert max_err(lse, ref_lse) <= 1e-4 * max(1.0, ref_lse.abs().max().item()), max_err(lse, ref_lse)
@@ -152,8 +151,7 @@ def test_gpu_gluon_backward_matches_float64(seq_len, head_dim, dtype):
     _, *base = forward_backward(naive, q, k, v, do, scale)
     triton_grads = op._bwd(do, q, k, v, out, lse, scale)
     for name, got, ref, b, tri in zip(("dq", "dk", "dv"), grads, (rq.grad, rk.grad, rv.grad), base, triton_grads):
-        floor = ERROR_FLOOR[dtype] + ref.abs().max().item() * (
-            ACCUM_ROUNDING * torch.finfo(torch.float32).eps + 0.5 * torch.finfo(dtype).eps)
+        floor = error_floor(ref, dtype)
         err, base_err = max_err(got, ref), max_err(b, ref)
         assert torch.isfinite(got).all() and err <= 2 * base_err + floor, (name, err, base_err, floor)
         assert max_err(got, tri) <= 2 * max_err(tri, ref) + floor, (name, max_err(got, tri))
