@@ -1086,8 +1086,8 @@ def test_custom_softmax_scale():
 def test_strided_qkv_from_fused_projection(dtype, fwd_path):
     """q, k, v as strided views of one (B, N, 3, H, d) tensor, as the ViT's fused qkv Linear makes them;
     gradients flow back into that tensor. Bound: the error rule's (conftest), 2× the naive backend's error on the same
-    views plus the floor; with a fixed 1e-4 floor instead, dqkv failed 2 of 8 fresh draws on an H100 (2.1× and 2.7×
-    naive's, benchmarks/results/h100_20261208/call6_strided_repeat.log)."""
+    views plus the floor; with a fixed 1e-4 floor instead, dqkv failed in 2 of 8 runs of its 6 cases on an H100 (2.1×
+    and 2.7× naive's, benchmarks/results/h100_20261208/call6_strided_repeat.log)."""
     B, N, H, d = 2, 197, 4, 64
     qkv = torch.randn(B, N, 3, H, d, device="cuda").to(dtype).requires_grad_()
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) views, row stride 3*H*d
