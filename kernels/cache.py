@@ -1,4 +1,5 @@
-"""Where this project's compiled extensions live: one folder per extension, torch build and Python version."""
+"""Where this project's compiled extensions live: one folder per extension, torch build and Python version; and the
+C++ headers both extensions include."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+SHARED_HEADERS = Path(__file__).resolve().parent / "csrc"  # kernels/csrc: once_differentiable.h, packed_views.h
 
 
 def build_dir(name: str) -> Path:

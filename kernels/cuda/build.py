@@ -20,10 +20,9 @@ from pathlib import Path
 
 import torch
 
-from ..cache import build_dir
+from ..cache import SHARED_HEADERS, build_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SHARED = CSRC.parents[1] / "csrc"  # headers both extensions include (kernels/csrc)
 NAME = "vit_cuda_kernels"
 # -lineinfo maps SASS back to source for ncu; --use_fast_math turns exp2f into one MUFU.EX2.
 # (torch picks the C++ standard itself.)
@@ -137,7 +136,7 @@ def extension(verbose: bool = False):
             sources=[str(s) for s in sources(archs)],
             extra_cflags=CXX_FLAGS + defines,
             extra_cuda_cflags=NVCC_FLAGS + defines,
-            extra_include_paths=[str(CSRC), str(SHARED)],
+            extra_include_paths=[str(CSRC), str(SHARED_HEADERS)],
             build_directory=str(folder),
             verbose=verbose,
         )

@@ -23,14 +23,13 @@ from pathlib import Path
 
 import torch
 
-from ..cache import build_dir
+from ..cache import SHARED_HEADERS, build_dir
 from . import configs
 from .kernels import LOG2E
 from .launch import _hooked
 from .op import _announce, _dkdv_meta, _dq_meta, _fwd_meta, _tiles_grid
 
 CSRC = Path(__file__).resolve().parent / "csrc" / "eager.cpp"
-SHARED = CSRC.parents[2] / "csrc"  # headers both extensions include (kernels/csrc)
 NAME = "vit_flash_eager"
 MODES = ("auto", "native", "python")
 _TYPE_CODES = {"i32": "i", "i64": "l", "fp32": "f", "constexpr": "c"}
@@ -83,7 +82,7 @@ def load(verbose: bool = False):
         if not any(folder.glob(f"{NAME}*.so")):
             print(f"[flash] building the eager launcher (C++, once per torch version, about a minute) in {folder}",
                   file=sys.stderr, flush=True)
-        module = cpp_extension.load(NAME, [str(CSRC)], extra_cflags=["-O2"], extra_include_paths=[str(SHARED)],
+        module = cpp_extension.load(NAME, [str(CSRC)], extra_cflags=["-O2"], extra_include_paths=[str(SHARED_HEADERS)],
                                     build_directory=str(folder), with_cuda=False, verbose=verbose)
         module.set_first_launch(_first_launch, LOG2E)
         _module = module
