@@ -6,6 +6,8 @@
 # next_h200.sh on this warm machine measures it. Merge the branch if so.
 # Setup on the main checkout: this file, bwd_tail.patch and benchmarks/results/h200_20261203/common.sh in .device/,
 # `git rev-parse --short HEAD > .device/COMMIT`, carry [".whl", ".device"].
+# Another branch's patch: PATCH (a file in .device/) and ROWS (cuda_bench rows timed; the decision reads cuda-auto),
+# as cpu_20261208/next_dqflat.sh sets them. Their defaults are what ran as call 4 of h100_20261208.md.
 source .device/common.sh
 BUDGET=${BUDGET_S:-360}
 export MAX_JOBS=16
@@ -13,10 +15,10 @@ rm -f /tmp/wip_ok
 { date -u +%FT%T; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"; } > $OUT/env.txt 2>&1
 phase build_main 150 python3 -u -c "from kernels.cuda import build; build.extension()"
 rm -rf /tmp/wip && mkdir /tmp/wip && cp -r kernels vit benchmarks tests configs *.py pyproject.toml /tmp/wip/
-REPO=$PWD; (cd /tmp/wip && patch -p1 < $REPO/.device/bwd_tail.patch) > $OUT/patch.log 2>&1 || exit 1
+REPO=$PWD; (cd /tmp/wip && patch -p1 < $REPO/.device/${PATCH:-bwd_tail.patch}) > $OUT/patch.log 2>&1 || exit 1
 WIP="env VIT_KERNELS_BUILD_DIR=/tmp/wipbuild PYTHONPATH=/tmp/site:/tmp/wip"
 phase build_wip 150 bash -c "cd /tmp/wip && $WIP python3 -u -c 'from kernels.cuda import build; build.extension()'"
-S=""; for r in cuda-auto; do S="$S --only $r"; done
+S=""; for r in ${ROWS:-cuda-auto}; do S="$S --only $r"; done
 phase bench_main1 45 python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_main1.json
 phase bench_wip1 45 bash -c "cd /tmp/wip && $WIP python3 -u benchmarks/cuda_bench.py --attention-only $S --json $OUT/bench_wip1.json"
 phase tests_wip 270 bash -c "cd /tmp/wip && $WIP python3 -u -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_cuda_eager.py tests/test_cuda_kernels.py"
