@@ -77,6 +77,12 @@ def test_naive_keeps_float64():
     assert out.dtype == torch.float64 and max_err(out, reference_attention(q, k, v)[0]) < 1e-12
 
 
+def sdpa_floor(ref: torch.Tensor, dtype: torch.dtype, head_dim: int) -> float:
+    """The floor of sdpa's bound (2× naive's error + this) against the float64 ``ref``, for results in ``dtype``."""
+    m = ref.abs().max().item()
+    return ERROR_FLOOR[dtype] * head_dim**0.5 * max(1.0, m) + torch.finfo(dtype).eps * m
+
+
 @pytest.mark.parametrize("N", SEQ_LENS)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,8 +101,7 @@ def test_sdpa_matches_float64(N, d, dtype):
     base = forward_backward(get_attention("naive"), q, k, v, do)
     for name, g, b, r in zip(("out", "dq", "dk", "dv"), got, base, (ref.detach(), rq.grad, rk.grad, rv.grad)):
         assert g.dtype == dtype and torch.isfinite(g).all()
-        floor = (ERROR_FLOOR[dtype] * d**0.5 * max(1.0, r.abs().max().item())
-                 + torch.finfo(dtype).eps * r.abs().max().item())
+        floor = sdpa_floor(r, dtype, d)
         err, base_err = max_err(g, r), max_err(b, r)
         assert err <= 2 * base_err + floor, (f"sdpa {name}: error {err:.3e} > 2 × naive's {base_err:.3e} + "
                                              f"{floor:.1e} (N={N}, d={d}, {dtype})")
@@ -105,19 +110,29 @@ def test_sdpa_matches_float64(N, d, dtype):
 @pytest.mark.parametrize("backend", ["naive", "sdpa"])
 def test_softmax_scale_and_strided_views(backend):
     """A non-default softmax_scale is honoured, and the fused-qkv strided views are accepted
-    (forward and backward through the views, as the ViT calls it)."""
+    (forward and backward through the views, as the ViT calls it). Bounds as the module's: naive absolute, sdpa 2×
+    naive's error on the same views plus the floor (an absolute 2e-6 · max|ref| failed sdpa's gradient on one fresh
+    draw in CI, 2026-12-08: 8.04e-6 against 8.02e-6)."""
     B, H, N, d = 2, 4, 33, 32
     leaf = torch.randn(B, N, 3, H, d, requires_grad=True)
     q, k, v = leaf.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, N, d), non-contiguous
     assert not q.is_contiguous()
-    out = get_attention(backend)(q, k, v, softmax_scale=0.3)
     ref, (rq, rk, rv) = reference_attention(q, k, v, softmax_scale=0.3)
     do = torch.randn_like(ref)
-    out.backward(do.float())
     ref.backward(do)
     ref_grad = pack_qkv(rq.grad, rk.grad, rv.grad)  # (B, N, 3, H, d)
-    assert max_err(out, ref) < 2e-6
-    assert max_err(leaf.grad, ref_grad) < 2e-6 * max(1.0, ref_grad.abs().max().item())
+    errs = {}
+    for name in {"naive", backend}:
+        leaf.grad = None
+        out = get_attention(name)(q, k, v, softmax_scale=0.3)
+        out.backward(do.float())
+        errs[name] = (max_err(out, ref), max_err(leaf.grad, ref_grad))
+    if backend == "naive":
+        assert errs["naive"][0] < 2e-6
+        assert errs["naive"][1] < 2e-6 * max(1.0, ref_grad.abs().max().item())
+    else:
+        for i, r in enumerate((ref, ref_grad)):
+            assert errs[backend][i] <= 2 * errs["naive"][i] + sdpa_floor(r, torch.float32, d), (i, errs)
 
 
 def test_unknown_backend_lists_valid_names():
